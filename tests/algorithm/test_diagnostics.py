@@ -1,0 +1,81 @@
+"""Gradient spike score and thought-advantage variance estimators."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vlm_grpoma.algorithm.advantages import grpo_ma_advantages
+from vlm_grpoma.algorithm.diagnostics import GradientSpikeTracker, thought_advantage_variance
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_gss_matches_definition_and_counts_spikes():
+    norms = [1.0, 2.0, 0.5] * 7 + [300.0, 1.0, 40.0]
+    tracker = GradientSpikeTracker()
+    for t, norm in enumerate(norms):
+        expected = norm / (sum(norms[: t + 1]) / (t + 1))
+        assert tracker.update(norm) == pytest.approx(expected)
+    # 300 / mean(first 22) = 300 / (24.5 + 300) * 22 > 10: one spike; 40 afterwards is not.
+    assert tracker.spikes == 1
+    assert tracker.spike_fraction == pytest.approx(1 / len(norms))
+
+
+def test_gss_first_step_is_one_and_non_finite_norms_are_skipped():
+    tracker = GradientSpikeTracker()
+    assert tracker.update(3.0) == 1.0
+    assert math.isnan(tracker.update(float("nan")))
+    assert math.isnan(tracker.update(float("inf")))
+    assert tracker.steps == 1 and tracker.update(3.0) == 1.0
+
+
+def test_gss_state_round_trip_continues_identically():
+    a = GradientSpikeTracker()
+    for norm in (1.0, 5.0, 2.0):
+        a.update(norm)
+    b = GradientSpikeTracker()
+    b.load_state_dict(a.state_dict())
+    assert a.update(50.0) == b.update(50.0) and a.spikes == b.spikes
+
+
+def test_variance_is_nan_without_several_answers_and_zero_without_answer_noise():
+    assert torch.isnan(thought_advantage_variance(torch.rand(3, 4, 1))).all()
+    deterministic = torch.tensor([[[1.0, 1.0], [0.0, 0.0], [1.0, 1.0]]])
+    assert thought_advantage_variance(deterministic).item() == 0.0
+
+
+def beta_bernoulli(prompts, thoughts, answers, seed):
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    p = torch.distributions.Beta(2.0, 2.0).sample((prompts, thoughts)).double()
+    return (torch.rand(prompts, thoughts, answers, generator=gen, dtype=torch.float64) < p.unsqueeze(-1)).double()
+
+
+@pytest.mark.parametrize("answers", [2, 4, 8])
+def test_estimator_recovers_the_large_k_limit(answers):
+    # Beta(2, 2): tau^2 = 0.05, mean sigma^2 = 0.2 -> limit 0.2 / (0.05 M + 0.2)
+    limit = 0.2 / (0.05 * answers + 0.2)
+    rewards = beta_bernoulli(prompts=64, thoughts=256, answers=answers, seed=answers)
+    assert thought_advantage_variance(rewards).mean().item() == pytest.approx(limit, rel=0.08)
+
+
+def test_estimator_matches_direct_resampling_of_answers():
+    """From one draw, the estimate must match the variance of thought advantages over fresh answer draws."""
+    gen = torch.Generator().manual_seed(4)
+    p = torch.rand(1, 256, 1, generator=gen, dtype=torch.float64)
+    fresh = (torch.rand(1000, 256, 4, generator=gen, dtype=torch.float64) < p).double()
+    direct = grpo_ma_advantages(fresh)[0].var(dim=0).mean().item()
+    estimate = thought_advantage_variance(fresh[:100]).mean().item()
+    assert estimate == pytest.approx(direct, rel=0.08)
+
+
+def test_variance_benchmark_prints_the_table():
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "variance.py"), "--tagged", "12",
+                          "--replicates", "24"], capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = [line for line in out.splitlines() if line.split("|")[0].strip().isdigit()]
+    assert [int(r.split("|")[0]) for r in rows] == [1, 2, 4, 8, 16]
+    assert all(len(r.split("|")) == 9 for r in rows)

@@ -1,0 +1,127 @@
+"""Token-level PPO-clip objective with a k3 KL penalty, over GRPO-MA thought and answer segments.
+
+A *segment* is the token span trained with one advantage: a thought (context: the prompt; advantage: the
+thought advantage) or an answer (context: prompt + its thought; advantage: its own answer advantage).
+Every segment carries one per-token weight, computed for the whole optimizer batch by
+:func:`grpo_ma_token_weights`, so that the loss is a plain weighted token sum and micro-batches add up to the
+full-batch loss exactly.
+
+The GRPO-MA objective per prompt is ``λ·(1/K)·Σ_k J(thought_k) + (1/(K·M))·Σ_{k,m} J(answer_km)`` where
+``J`` sums a segment's per-token terms divided by a length normaliser chosen by the aggregation mode. The
+normaliser of the answer (k, m) is the length of its *path* (thought k followed by answer m) and the
+thought's is the mean of its M path normalisers, so each thought counts once (not M times) and with M = 1
+the objective is exactly GRPO's (per-sequence token mean), DAPO's (``token_mean``) or Dr. GRPO's
+(``seq_mean_token_sum_norm``) over the concatenated completion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Aggregation = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]
+
+
+def grpo_ma_token_weights(
+    thought_lengths: torch.Tensor,
+    answer_lengths: torch.Tensor,
+    *,
+    aggregation: Aggregation = "seq_mean_token_mean",
+    thought_loss_weight: float = 1.0,
+    max_completion_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token weights ``(thought [B, K], answer [B, K, M])`` for one optimizer batch of B prompts.
+
+    Lengths count the trained tokens of each segment. The weights include the ``1/B`` mean over prompts and
+    are float64 (cast to the log-prob dtype in :func:`policy_loss`).
+    """
+    if thought_lengths.dim() != 2 or answer_lengths.dim() != 3 or answer_lengths.shape[:2] != thought_lengths.shape:
+        raise ValueError(
+            f"expected thought_lengths [B, K] and answer_lengths [B, K, M], got {tuple(thought_lengths.shape)} "
+            f"and {tuple(answer_lengths.shape)}"
+        )
+    batch, thoughts, answers = answer_lengths.shape
+    path_lengths = (thought_lengths.unsqueeze(-1) + answer_lengths).double().clamp(min=1.0)
+    if aggregation == "seq_mean_token_mean":
+        path_norm = 1.0 / path_lengths
+    elif aggregation == "token_mean":
+        path_norm = torch.full_like(path_lengths, 1.0 / path_lengths.mean().item())
+    elif aggregation == "seq_mean_token_sum_norm":
+        if not max_completion_tokens or max_completion_tokens < 1:
+            raise ValueError("seq_mean_token_sum_norm needs max_completion_tokens >= 1")
+        path_norm = torch.full_like(path_lengths, 1.0 / max_completion_tokens)
+    else:
+        raise ValueError(f"unknown loss aggregation {aggregation!r}")
+    thought_weights = thought_loss_weight * path_norm.mean(dim=-1) / (batch * thoughts)
+    answer_weights = path_norm / (batch * thoughts * answers)
+    return thought_weights, answer_weights
+
+
+@dataclass
+class Segments:
+    """A micro-batch of segments, right-padded to T tokens; ``mask`` marks the trained tokens."""
+
+    logp: torch.Tensor  # [S, T] log-probs of the sampled tokens under the current policy (with grad)
+    mask: torch.Tensor  # [S, T] bool
+    advantages: torch.Tensor  # [S]
+    token_weights: torch.Tensor  # [S]
+    old_logp: torch.Tensor | None = None  # [S, T]; None: the sampling policy is the current one (μ = 1)
+    ref_logp: torch.Tensor | None = None  # [S, T]; None: no KL term
+
+
+@dataclass
+class LossOutput:
+    """The loss to backpropagate and its parts (detached) for logging."""
+
+    loss: torch.Tensor
+    policy_loss: torch.Tensor  # the weighted clipped-surrogate part of ``loss``
+    kl: torch.Tensor  # weighted token mean of k3 (0 without reference log-probs)
+    clip_fraction: torch.Tensor  # fraction of trained tokens whose clipped branch is active
+    clip_low_fraction: torch.Tensor
+    clip_high_fraction: torch.Tensor
+    tokens: int
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(π || π_ref) per token: ``exp(ref - logp) - (ref - logp) - 1`` (≥ 0)."""
+    delta = ref_logp - logp
+    return torch.exp(delta) - delta - 1.0
+
+
+def policy_loss(segments: Segments, *, clip_eps_low: float, clip_eps_high: float, kl_beta: float) -> LossOutput:
+    """Per token ``-min(r·A, clip(r, 1-ε_low, 1+ε_high)·A) + β·k3``, weighted and summed over trained tokens."""
+    logp, mask = segments.logp, segments.mask.to(segments.logp.dtype)
+    old_logp = logp.detach() if segments.old_logp is None else segments.old_logp
+    advantages = segments.advantages.to(logp.dtype).unsqueeze(-1)
+    ratio = torch.exp(logp - old_logp)
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    per_token = -torch.min(ratio * advantages, clipped_ratio * advantages)
+    weights = segments.token_weights.to(logp.dtype).unsqueeze(-1) * mask
+    policy_part = (per_token * weights).sum()
+
+    use_kl = kl_beta > 0 and segments.ref_logp is not None
+    if use_kl:
+        kl_per_token = k3_kl(logp, segments.ref_logp)
+        kl_part = (kl_per_token * weights).sum()
+        loss = policy_part + kl_beta * kl_part
+        kl_mean = kl_part.detach() / weights.sum().clamp(min=torch.finfo(logp.dtype).tiny)
+    else:
+        loss = policy_part
+        kl_mean = torch.zeros((), dtype=logp.dtype)
+
+    with torch.no_grad():
+        trained = mask.bool()
+        low = (ratio < 1.0 - clip_eps_low) & (advantages < 0) & trained
+        high = (ratio > 1.0 + clip_eps_high) & (advantages > 0) & trained
+        count = max(int(trained.sum()), 1)
+        return LossOutput(
+            loss=loss,
+            policy_loss=policy_part.detach(),
+            kl=kl_mean,
+            clip_fraction=(low | high).sum() / count,
+            clip_low_fraction=low.sum() / count,
+            clip_high_fraction=high.sum() / count,
+            tokens=int(trained.sum()),
+        )

@@ -1,0 +1,152 @@
+"""``vlm-grpoma`` entry point: the subcommand table of DESIGN.md §3 CLI.
+
+Each subcommand's arguments are declared here; its implementation lives in the module that owns the work
+and is imported only when the command runs, so ``vlm-grpoma --help`` and config errors stay instant.
+A command whose implementation has not landed says so and exits 2; none pretends to work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from vlm_grpoma import __version__
+from vlm_grpoma.config import ConfigError, load_config, validate
+
+ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+TASKS = ("detection", "affordance", "trajectory", "manipulation")
+
+
+class CommandError(Exception):
+    """Bad input to a command: printed as one line, exit code 1."""
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    handler: str  # "module:function", called with the parsed argparse namespace, returns an exit code
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    arrives_with: str = ""  # the issue that builds the handler, named while it has not landed
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="YAML run config")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. rollout.num_thoughts=4")
+
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="runs/demo", help="output folder for the demo run")
+
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    _config_args(p)
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder (Hugging Face format)")
+    p.add_argument("--split", default="test")
+
+
+def _manip_eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", choices=("model", "oracle", "random"), required=True)
+    p.add_argument("--split", choices=("seen", "unseen"), required=True)
+    p.add_argument("--episodes", type=int, default=100)
+    p.add_argument("--out", required=True, help="result JSON path")
+    p.add_argument("--checkpoint", default="", help="model checkpoint (for --policy model)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=0, help="simulator processes (0 = one per core)")
+
+
+def _make_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", choices=TASKS, required=True)
+    p.add_argument("--source", choices=("shapes", "sapien"), required=True)
+    p.add_argument("--n", type=int, required=True, help="number of records")
+    p.add_argument("--out", required=True, help="output folder (records.jsonl + images/)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split", default="train")
+
+
+def _convert_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--from", dest="source_format", required=True,
+                   choices=("coco", "refcoco", "sharerobot", "robopoint", "where2place"))
+    p.add_argument("input")
+    p.add_argument("output")
+
+
+def _tiny_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--arch", choices=ARCHS, required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _env_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("--no-probe", action="store_true", help="skip the DeepSpeed/SAPIEN functional probes")
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("demo", "train the built-in demo on CPU in minutes and report", "vlm_grpoma.demo:main", _demo_args),
+    Command("train", "train with GRPO-MA (one process per rank under the deepspeed launcher)",
+            "vlm_grpoma.trainer.loop:main", _config_args, arrives_with="#5 (the DeepSpeed trainer)"),
+    Command("sft", "supervised warm start on ground-truth answers", "vlm_grpoma.trainer.sft:main", _config_args,
+            arrives_with="#5 (the DeepSpeed trainer)"),
+    Command("eval", "grounding metrics and overlays for a checkpoint", "vlm_grpoma.eval.grounding:main", _eval_args,
+            arrives_with="#4 (rewards, data and evaluation)"),
+    Command("manip-eval", "manipulation success per category on seen/unseen objects",
+            "vlm_grpoma.eval.manipulation:main", _manip_eval_args, arrives_with="#6 (SAPIEN manipulation)"),
+    Command("make-data", "write a synthetic dataset (JSONL + images)", "vlm_grpoma.datasets.synthetic:main",
+            _make_data_args, arrives_with="#4 / #6 (synthetic data)"),
+    Command("convert", "convert a public dataset format to JSONL records", "vlm_grpoma.datasets.converters:main",
+            _convert_args, arrives_with="#4 (rewards, data and evaluation)"),
+    Command("make-tiny-model", "build a tiny Qwen-VL model + processor offline", "vlm_grpoma.models.tiny:main",
+            _tiny_model_args, arrives_with="#3 (adapters and tiny models)"),
+    Command("env", "versions, devices, DeepSpeed ops, SAPIEN physics/render availability",
+            "vlm_grpoma.env_report:main", _env_args),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vlm-grpoma", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"vlm-grpoma {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        p = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(p)
+        p.set_defaults(_command=command)
+    return parser
+
+
+def _resolve(command: Command) -> Callable[[argparse.Namespace], int] | None:
+    module_name, func_name = command.handler.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name and module_name.startswith(err.name):  # the handler module itself is missing
+            return None
+        raise
+    return getattr(module, func_name, None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    command: Command = args._command
+    try:
+        if getattr(args, "config", None) is not None:
+            # Validate before anything heavy: the world size comes from the launcher's environment.
+            args.config_obj = load_config(args.config, args.overrides)
+            validate(args.config_obj, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+        handler = _resolve(command)
+        if handler is None:
+            print(f"vlm-grpoma {command.name}: not available yet; it arrives with issue {command.arrives_with}.",
+                  file=sys.stderr)
+            return 2
+        return int(handler(args) or 0)
+    except (ConfigError, CommandError) as err:
+        print(f"vlm-grpoma {command.name}: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

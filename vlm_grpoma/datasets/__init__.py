@@ -1,0 +1,1 @@
+"""Records, JSONL reading, synthetic datasets and converters from public formats."""

@@ -1,0 +1,1 @@
+"""SAPIEN 3 manipulation: procedural articulated objects, cameras, suction gripper, worker pool."""

@@ -1,0 +1,1 @@
+"""Evaluation: grounding metrics, manipulation success, reports."""

@@ -1,0 +1,1 @@
+"""Qwen-VL model adapters (one per family), their registry, and tiny offline models."""

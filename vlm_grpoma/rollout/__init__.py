@@ -1,0 +1,1 @@
+"""Two-phase K x M rollout: the RolloutTree, the backend protocol, transformers and vLLM backends."""

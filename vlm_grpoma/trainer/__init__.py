@@ -1,0 +1,1 @@
+"""The DeepSpeed GRPO-MA trainer: engine, loop, checkpoints, logging."""
