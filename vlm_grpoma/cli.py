@@ -66,6 +66,8 @@ def _make_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder (records.jsonl + images/)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default="train")
+    p.add_argument("--difficulty", choices=("easy", "normal"), default="normal",
+                   help="shapes only: easy = 112px, one or two shapes (the CPU demo's level)")
 
 
 def _convert_args(p: argparse.ArgumentParser) -> None:
@@ -73,12 +75,15 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
                    choices=("coco", "refcoco", "sharerobot", "robopoint", "where2place"))
     p.add_argument("input")
     p.add_argument("output")
+    p.add_argument("--image-root", default=None, help="folder holding the images (coco, refcoco, sharerobot, robopoint)")
 
 
 def _tiny_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", choices=ARCHS, required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--preset", choices=("tiny", "small", "bench"), default="tiny",
+                   help="tiny: fastest (tests); small: learns the shapes task on CPU; bench: larger, for benchmarks")
 
 
 def _env_args(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,303 @@
+"""Read and write :class:`Record` JSONL files, validating every line.
+
+Each bad line raises a :class:`RecordError` naming the file, line, record id and field, e.g.
+``data/train.jsonl:17 (id shapes-000016): ground_truth.boxes[0].bbox_2d: x2 (10) must be > x1 (40)``.
+Relative ``image`` / ``mask`` paths are resolved against the JSONL file's folder when read, so in-memory
+records hold usable paths; :func:`write_records` makes them relative to the output folder again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vlm_grpoma.answers import Box, Boxes, ContactAction, Points, Trajectory
+from vlm_grpoma.datasets.schema import TASKS, GroundTruth, MaskRef, Record, record_to_json
+
+log = logging.getLogger(__name__)
+
+#: Ground-truth kinds each task accepts (affordance: a region as a mask, boxes or points).
+GROUND_TRUTH_OF_TASK: dict[str, tuple[str, ...]] = {
+    "detection": ("boxes",),
+    "affordance": ("mask", "boxes", "points"),
+    "trajectory": ("trajectory",),
+    "manipulation": ("contact_action",),
+}
+_REQUIRED = ("id", "image", "task", "prompt", "width", "height", "ground_truth")
+_OPTIONAL = ("split", "meta")
+
+
+class RecordError(ValueError):
+    """A record line that is not valid; the message names file:line, record id and field."""
+
+
+class _FieldError(ValueError):
+    """A problem with one field, before the file/line/id context is known."""
+
+    def __init__(self, field_name: str, problem: str):
+        super().__init__(f"{field_name}: {problem}")
+
+
+@dataclass
+class LoadReport:
+    """What :func:`load_records` read: the valid records and one error per skipped line."""
+
+    path: Path
+    records: list[Record] = field(default_factory=list)
+    errors: list[RecordError] = field(default_factory=list)
+
+    @property
+    def skipped(self) -> int:
+        return len(self.errors)
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _FieldError(name, f"must be a number, got {json.dumps(value)}")
+    if not math.isfinite(value):
+        raise _FieldError(name, f"must be finite, got {value}")
+    return value
+
+
+def _xy(value: Any, name: str, width: int, height: int) -> tuple[float, float]:
+    if not isinstance(value, list) or len(value) != 2:
+        raise _FieldError(name, f"must be a list [x, y], got {json.dumps(value)}")
+    x, y = _number(value[0], f"{name}[0]"), _number(value[1], f"{name}[1]")
+    if not (0 <= x <= width and 0 <= y <= height):
+        raise _FieldError(name, f"point ({x}, {y}) is outside the image [0, {width}] x [0, {height}]")
+    return (x, y)
+
+
+def _nonempty_list(value: Any, name: str, min_len: int = 1) -> list:
+    if not isinstance(value, list):
+        raise _FieldError(name, f"must be a list, got {json.dumps(value)}")
+    if len(value) < min_len:
+        raise _FieldError(name, f"needs at least {min_len} item(s), got {len(value)}")
+    return value
+
+
+def _box(value: Any, name: str, width: int, height: int) -> Box:
+    if not isinstance(value, dict):
+        raise _FieldError(name, 'must be an object {"bbox_2d": [x1, y1, x2, y2], "label": ...}')
+    unknown = sorted(set(value) - {"bbox_2d", "label"})
+    if unknown:
+        raise _FieldError(name, f"unknown key(s) {unknown}")
+    coords = value.get("bbox_2d")
+    if not isinstance(coords, list) or len(coords) != 4:
+        raise _FieldError(f"{name}.bbox_2d", f"must be a list [x1, y1, x2, y2], got {json.dumps(coords)}")
+    x1, y1, x2, y2 = (_number(c, f"{name}.bbox_2d[{i}]") for i, c in enumerate(coords))
+    if x2 <= x1:
+        raise _FieldError(f"{name}.bbox_2d", f"x2 ({x2}) must be > x1 ({x1})")
+    if y2 <= y1:
+        raise _FieldError(f"{name}.bbox_2d", f"y2 ({y2}) must be > y1 ({y1})")
+    if x1 < 0 or y1 < 0 or x2 > width or y2 > height:
+        raise _FieldError(f"{name}.bbox_2d",
+                          f"box {coords} is outside the image [0, {width}] x [0, {height}]")
+    label = value.get("label", "")
+    if not isinstance(label, str):
+        raise _FieldError(f"{name}.label", f"must be a string, got {json.dumps(label)}")
+    return Box(x1, y1, x2, y2, label)
+
+
+def _vec3(value: Any, name: str) -> tuple[float, float, float]:
+    if not isinstance(value, list) or len(value) != 3:
+        raise _FieldError(name, f"must be a list [x, y, z], got {json.dumps(value)}")
+    vec = tuple(_number(c, f"{name}[{i}]") for i, c in enumerate(value))
+    if math.hypot(*vec) < 1e-6:
+        raise _FieldError(name, "must be a non-zero direction")
+    return vec  # type: ignore[return-value]
+
+
+def _resolve(path: str, base_dir: Path) -> str:
+    """An absolute, normalised path: relative ones are taken relative to ``base_dir``."""
+    return os.path.normpath(os.path.join(base_dir, path))
+
+
+def parse_ground_truth(value: Any, task: str, width: int, height: int, base_dir: Path) -> GroundTruth:
+    """Typed ground truth from its JSON form, checked against the task and the image bounds."""
+    if not isinstance(value, dict):
+        raise _FieldError("ground_truth", f"must be an object, got {json.dumps(value)}")
+    allowed = GROUND_TRUTH_OF_TASK[task]
+    if len(value) != 1:
+        raise _FieldError("ground_truth", f"must have exactly one key of {list(allowed)}, got {sorted(value)}")
+    (kind, body), = value.items()
+    if kind not in allowed:
+        raise _FieldError("ground_truth", f"task {task!r} takes {' or '.join(allowed)}, not {kind!r}")
+    name = f"ground_truth.{kind}"
+    if kind == "boxes":
+        items = _nonempty_list(body, name)
+        return Boxes(tuple(_box(b, f"{name}[{i}]", width, height) for i, b in enumerate(items)))
+    if kind == "points":
+        items = _nonempty_list(body, name)
+        return Points(tuple(_xy(p, f"{name}[{i}]", width, height) for i, p in enumerate(items)))
+    if kind == "trajectory":
+        items = _nonempty_list(body, name, min_len=2)
+        return Trajectory(tuple(_xy(p, f"{name}[{i}]", width, height) for i, p in enumerate(items)))
+    if kind == "mask":
+        if not isinstance(body, str) or not body:
+            raise _FieldError(name, f"must be a non-empty path string, got {json.dumps(body)}")
+        return MaskRef(_resolve(body, base_dir))
+    # contact_action (the only kind left in GROUND_TRUTH_OF_TASK)
+    if not isinstance(body, dict) or set(body) != {"point_2d", "up", "forward"}:
+        raise _FieldError(name, 'must be an object with exactly "point_2d", "up" and "forward"')
+    return ContactAction(point=_xy(body["point_2d"], f"{name}.point_2d", width, height),
+                         up=_vec3(body["up"], f"{name}.up"), forward=_vec3(body["forward"], f"{name}.forward"))
+
+
+def record_from_json(obj: Any, base_dir: Path) -> Record:
+    """A validated :class:`Record` from one decoded JSON line; raises ``_FieldError`` (a ValueError)."""
+    if not isinstance(obj, dict):
+        raise _FieldError("record", f"must be a JSON object, got {type(obj).__name__}")
+    missing = [k for k in _REQUIRED if k not in obj]
+    if missing:
+        raise _FieldError(missing[0], "required field is missing")
+    unknown = sorted(set(obj) - set(_REQUIRED) - set(_OPTIONAL))
+    if unknown:
+        raise _FieldError(unknown[0], "unknown field (put extra information under 'meta')")
+    for key in ("id", "image", "prompt", "split"):
+        value = obj.get(key, "train")
+        if not isinstance(value, str) or not value.strip():
+            raise _FieldError(key, f"must be a non-empty string, got {json.dumps(value)}")
+    if obj["task"] not in TASKS:
+        raise _FieldError("task", f"must be one of {list(TASKS)}, got {json.dumps(obj['task'])}")
+    for key in ("width", "height"):
+        value = obj[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise _FieldError(key, f"must be a positive integer, got {json.dumps(value)}")
+    meta = obj.get("meta", {})
+    if not isinstance(meta, dict):
+        raise _FieldError("meta", f"must be an object, got {json.dumps(meta)}")
+    gt = parse_ground_truth(obj["ground_truth"], obj["task"], obj["width"], obj["height"], base_dir)
+    return Record(id=obj["id"], image=_resolve(obj["image"], base_dir), task=obj["task"], prompt=obj["prompt"],
+                  width=obj["width"], height=obj["height"], ground_truth=gt, split=obj.get("split", "train"),
+                  meta=meta)
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def _where(path: Path | str, line_no: int, obj: Any) -> str:
+    rid = obj.get("id") if isinstance(obj, dict) else None
+    return f"{path}:{line_no}" + (f" (id {rid})" if isinstance(rid, str) and rid else "")
+
+
+def load_records(path: str | Path) -> LoadReport:
+    """Read every line of ``path``; valid records and the error of each bad line, in file order."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise RecordError(f"{path}: records file not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise RecordError(f"{path}: cannot read records file: {err}") from None
+    base_dir = Path(os.path.abspath(path.parent))
+    report = LoadReport(path)
+    first_line_of_id: dict[str, int] = {}
+    for line_no, line in enumerate(text.split("\n"), start=1):  # not splitlines(): U+2028 may sit in a string
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            report.errors.append(RecordError(f"{path}:{line_no}: invalid JSON: {err.msg} at column {err.colno}"))
+            continue
+        where = _where(path, line_no, obj)
+        try:
+            record = record_from_json(obj, base_dir)
+        except ValueError as err:
+            report.errors.append(RecordError(f"{where}: {err}"))
+            continue
+        if record.id in first_line_of_id:
+            report.errors.append(RecordError(f"{where}: id: duplicate id, first used on line "
+                                             f"{first_line_of_id[record.id]}"))
+            continue
+        first_line_of_id[record.id] = line_no
+        report.records.append(record)
+    return report
+
+
+def read_records(path: str | Path, *, skip_bad: bool = False) -> list[Record]:
+    """Validated records of a JSONL file.
+
+    The first bad line raises :class:`RecordError`. With ``skip_bad=True`` bad lines are left out and one
+    warning line reports how many (use :func:`load_records` to get the individual errors).
+    """
+    report = load_records(path)
+    if report.errors and not skip_bad:
+        raise report.errors[0]
+    if report.errors:
+        log.warning("%s: skipped %d bad line(s) of %d; first: %s", report.path, report.skipped,
+                    report.skipped + len(report.records), report.errors[0])
+    return report.records
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def _relative_if_inside(path: str, out_dir: str) -> str:
+    absolute = os.path.abspath(path)
+    rel = os.path.relpath(absolute, out_dir)
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        return absolute
+    return Path(rel).as_posix()
+
+
+def write_records(path: str | Path, records: Iterable[Record]) -> Path:
+    """Write records as JSONL atomically (temp file + ``os.replace``); each record is validated first.
+
+    ``image`` and mask paths inside the output folder are written relative to it, others absolute.
+    """
+    path = Path(os.path.abspath(path))  # also normalises "dir/../x", whatever exists
+    out_dir = str(path.parent)
+    os.makedirs(out_dir, exist_ok=True)
+    lines, seen = [], set()
+    for index, record in enumerate(records):
+        obj = record_to_json(record)
+        obj["image"] = _relative_if_inside(record.image, out_dir)
+        if isinstance(record.ground_truth, MaskRef):
+            obj["ground_truth"] = {"mask": _relative_if_inside(record.ground_truth.path, out_dir)}
+        where = f"{path}: record {index} (id {record.id})"
+        try:
+            record_from_json(obj, Path(out_dir))
+            line = json.dumps(obj, ensure_ascii=False, allow_nan=False)
+        except ValueError as err:
+            raise RecordError(f"{where}: {err}") from None
+        if record.id in seen:
+            raise RecordError(f"{where}: id: duplicate id")
+        seen.add(record.id)
+        lines.append(line + "\n")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=out_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; records are shared data
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+__all__ = [
+    "GROUND_TRUTH_OF_TASK",
+    "LoadReport",
+    "RecordError",
+    "load_records",
+    "parse_ground_truth",
+    "read_records",
+    "record_from_json",
+    "write_records",
+]
