@@ -60,3 +60,47 @@ def build_reward(name: str, **options) -> Reward:
 
 def registered_rewards() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def _ensure_registered(name: str) -> None:
+    """Rewards outside the grounding set (e.g. ``manipulation``, which needs SAPIEN) register on import."""
+    if name not in _REGISTRY:
+        import importlib
+
+        try:
+            importlib.import_module(f"vlm_grpoma.rewards.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"vlm_grpoma.rewards.{name}":
+                raise
+
+
+@dataclass
+class WeightedRewards:
+    """The configured rewards combined: ``total = Σ weight · reward.total``.
+
+    Components are reported per reward (``"iou"``) and per reward component (``"iou/matched"``); failure
+    counts are prefixed by the reward name.
+    """
+
+    rewards: dict[str, tuple[float, Reward]]
+
+    def score(self, completions: Sequence[Completion], records: Sequence[Record]) -> RewardResult:
+        total = [0.0] * len(completions)
+        components: dict[str, list[float]] = {}
+        failures: dict[str, int] = {}
+        for name, (weight, reward) in self.rewards.items():
+            result = reward.score(completions, records)
+            total = [t + weight * r for t, r in zip(total, result.total)]
+            components[name] = list(result.total)
+            components.update({f"{name}/{key}": values for key, values in result.components.items()})
+            failures.update({f"{name}/{key}": count for key, count in result.failures.items()})
+        return RewardResult(total, components, failures)
+
+
+def build_rewards(weights: dict[str, float], options: dict[str, dict] | None = None) -> WeightedRewards:
+    """Build every reward named in ``weights`` (with optional constructor options per name)."""
+    built = {}
+    for name, weight in weights.items():
+        _ensure_registered(name)
+        built[name] = (weight, build_reward(name, **(options or {}).get(name, {})))
+    return WeightedRewards(built)

@@ -1,0 +1,86 @@
+"""The ``manipulation`` reward: execute ContactAction answers in SAPIEN and score task success.
+
+Each record's ``meta`` holds the episode spec (object category + instance seed, camera, target part,
+primitive, initial joint state; see ``vlm_grpoma.envs.sapien.task``), so every one of a prompt's K x M
+answers is executed on the same object from the same view. ``total`` is success (0/1, ManipLLM's rule);
+components, for analysis: ``success``, ``joint_progress`` (|dq| / joint range, clipped to [0, 1]),
+``direction`` (cosine of the contact point's motion with the pull direction, clipped at 0) and
+``on_movable_part`` (the contact pixel hit a movable part). A malformed answer scores 0 and is counted in
+``failures`` under its parse reason; simulator failures are counted under their outcome reason.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Sequence
+
+from vlm_grpoma.answers import ContactAction, ParseError
+from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.envs.sapien.pool import SimPool
+from vlm_grpoma.envs.sapien.task import EpisodeSpec, ExecConfig, Outcome
+from vlm_grpoma.rewards.base import Completion, RewardResult, register_reward
+
+COMPONENTS = ("success", "joint_progress", "direction", "on_movable_part")
+
+
+@register_reward("manipulation")
+class ManipulationReward:
+    """``ManipulationReward(workers=0, timeout_s=10.0, max_steps=400)``; workers 0 = one per core."""
+
+    name = "manipulation"
+
+    def __init__(self, workers: int = 0, timeout_s: float = 10.0, max_steps: int = 400):
+        self.workers = workers
+        self.config = ExecConfig(timeout_s=timeout_s, max_steps=max_steps)
+        self._pool: SimPool | None = None
+
+    @property
+    def pool(self) -> SimPool:
+        if self._pool is None:
+            self._pool = SimPool(self.workers)
+            weakref.finalize(self, self._pool.close)
+        return self._pool
+
+    def score(self, completions: Sequence[Completion], records: Sequence[Record]) -> RewardResult:
+        if len(completions) != len(records):
+            raise ValueError(f"{len(completions)} completions but {len(records)} records")
+        failures: Counter[str] = Counter()
+        jobs, slots = [], []
+        for i, (completion, record) in enumerate(zip(completions, records)):
+            answer = completion.answer
+            if isinstance(answer, ParseError):
+                failures[answer.reason] += 1
+                continue
+            if not isinstance(answer, ContactAction):
+                failures["wrong_answer_type"] += 1
+                continue
+            try:
+                spec = EpisodeSpec.from_meta(record.meta)
+            except ValueError as err:
+                raise ValueError(f"record {record.id!r}: {err}") from err
+            jobs.append((spec, answer))
+            slots.append(i)
+        outcomes = self.pool.execute(jobs, self.config) if jobs else []
+        columns = {name: [0.0] * len(completions) for name in COMPONENTS}
+        for i, outcome in zip(slots, outcomes):
+            for name, value in _components(outcome).items():
+                columns[name][i] = value
+            if outcome.failure:
+                failures[outcome.failure] += 1
+        return RewardResult(list(columns["success"]), columns, dict(failures))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+def _components(outcome: Outcome) -> dict[str, float]:
+    executed = outcome.failure == ""
+    return {
+        "success": float(outcome.success),
+        "joint_progress": outcome.progress,
+        "direction": max(0.0, outcome.direction_cos),
+        "on_movable_part": float(executed),
+    }
