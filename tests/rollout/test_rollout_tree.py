@@ -1,0 +1,93 @@
+"""RolloutTree helpers on a hand-built tree, and SamplingParams validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlm_grpoma.config import RolloutConfig
+from vlm_grpoma.models.base import PromptInputs
+from vlm_grpoma.rollout.engine import SamplingParams
+from vlm_grpoma.rollout.tree import RolloutTree
+
+PAD = 0
+
+
+def _prompt(ids: list[int]) -> PromptInputs:
+    return PromptInputs(record=None, text="", image=None, input_ids=torch.tensor(ids), pixel_values=torch.zeros(1, 1),
+                        image_grid_thw=torch.ones(1, 3, dtype=torch.long), frame=None)
+
+
+def _pad(rows: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+    return ids, torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows])
+
+
+@pytest.fixture
+def tree() -> RolloutTree:
+    """B=2, K=2, M=2 with thoughts/answers of known tokens (thought ids 1x, answer ids 1xx)."""
+    thoughts = [[11, 12, 99], [13, 99], [14, 99], [15, 16, 17, 99]]
+    answers = [[101], [102, 103], [104, 105, 106], [107], [108], [109, 110], [111], [112]]
+    t_ids, t_mask = _pad(thoughts, 4)
+    a_ids, a_mask = _pad(answers, 3)
+    return RolloutTree(
+        prompts=[_prompt([1, 2, 3]), _prompt([4, 5])], pad_id=PAD,
+        thought_ids=t_ids.view(2, 2, 4), thought_mask=t_mask.view(2, 2, 4),
+        thought_logprobs=-t_ids.float().view(2, 2, 4) * t_mask.view(2, 2, 4),
+        thought_finish=[["stop", "stop"], ["stop", "length"]],
+        thought_texts=[["t0", "t1"], ["t2", "t3"]],
+        answer_ids=a_ids.view(2, 2, 2, 3), answer_mask=a_mask.view(2, 2, 2, 3),
+        answer_logprobs=-a_ids.float().view(2, 2, 2, 3) * a_mask.view(2, 2, 2, 3),
+        answer_finish=[[["stop", "stop"], ["length", "stop"]], [["stop", "stop"], ["stop", "stop"]]],
+        answer_texts=[[["a0", "a1"], ["a2", "a3"]], [["a4", "a5"], ["a6", "a7"]]],
+    )
+
+
+def test_shape_flags_and_lengths(tree):
+    assert tree.shape == (2, 2, 2)
+    assert tree.thought_truncated.tolist() == [[False, False], [False, True]]
+    assert tree.answer_truncated[0, 1].tolist() == [True, False] and tree.answer_truncated.sum() == 1
+    assert tree.thought_lengths.tolist() == [[3, 2], [2, 4]]
+    assert tree.answer_lengths[0, 1].tolist() == [3, 1]
+
+
+def test_segments_pair_tokens_with_their_context(tree):
+    thoughts = list(tree.thought_segments())
+    assert [(s.prompt_index, s.thought_index, s.answer_index) for s in thoughts] == [(0, 0, None), (0, 1, None),
+                                                                                    (1, 0, None), (1, 1, None)]
+    assert thoughts[3].context.tolist() == [4, 5] and thoughts[3].tokens.tolist() == [15, 16, 17, 99]
+    assert torch.equal(thoughts[3].logprobs, -thoughts[3].tokens.float())
+    answers = list(tree.answer_segments())
+    assert len(answers) == 8
+    seg = answers[2]  # b=0, k=1, m=0
+    assert (seg.prompt_index, seg.thought_index, seg.answer_index) == (0, 1, 0)
+    assert seg.context.tolist() == [1, 2, 3, 13, 99] and seg.tokens.tolist() == [104, 105, 106]
+    assert torch.equal(seg.logprobs, -seg.tokens.float())
+
+
+def test_completions_join_thought_and_answer(tree):
+    assert tree.completions()[1][0] == ["t2a4", "t2a5"]
+
+
+def test_sampling_params_validation_and_config():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="answers_per_thought"):
+        SamplingParams(answers_per_thought=0)
+    params = SamplingParams.from_config(RolloutConfig(num_thoughts=8, answers_per_thought=2, temperature=0.7), seed=3)
+    assert (params.num_thoughts, params.answers_per_thought, params.seed) == (8, 2, 3)
+    assert params.phase2_temperature == 0.7
+    assert SamplingParams(temperature=1.0, answer_temperature=0.0).phase2_temperature == 0.0
+
+
+def test_filter_logits_matches_a_reference():
+    from vlm_grpoma.rollout.hf import filter_logits
+
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 3.0]])
+    kept = filter_logits(logits, 1.0, SamplingParams(top_k=2)).isfinite()
+    assert kept.tolist() == [[True, False, False, False, True]]
+    probs = logits.softmax(-1)[0]  # sorted: 3.0 (.55), 2.0 (.20), 1.0 (.07)...
+    p = float(probs[4] + probs[0]) - 1e-3  # the two largest reach p: keep exactly those
+    kept = filter_logits(logits, 1.0, SamplingParams(top_p=p)).isfinite()
+    assert kept.tolist() == [[True, False, False, False, True]]
+    torch.testing.assert_close(filter_logits(logits, 0.5, SamplingParams()), logits / 0.5)

@@ -1,0 +1,280 @@
+"""Transformers rollout backend: a batched sampling loop over model forwards with a shared KV cache.
+
+The prompt batch is prefilled once (left padded) and its cache expanded K times for phase 1; the K thoughts
+are decoded together. Thoughts that ran out of budget get the ``</think>`` tokens appended and fed, so the
+cache then holds prompt + thought for every (b, k); phase 2 expands that cache M times and decodes all
+B·K·M answers together, never recomputing the shared prefix (``reuse_prefix_cache=False`` recomputes it,
+as a reference). Positions are Qwen-VL's 3-axis mRoPE ids, computed by the model's own ``get_rope_index``
+for the prompt and continued as ``last + 1`` on all three axes for generated text, which is what
+transformers does during cached generation; finished rows keep stepping with their new columns masked out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vlm_grpoma.models.base import PromptInputs, SpecialTokens, collate
+from vlm_grpoma.models.prompts import ANSWER_CLOSE, THINK_CLOSE
+from vlm_grpoma.rollout.engine import SamplingParams
+from vlm_grpoma.rollout.tree import FinishReason, RolloutTree
+
+
+@dataclass
+class _Stream:
+    """Rows being decoded: their KV cache, attention mask [R, L], next text position [R], next-token logits [R, V]."""
+
+    cache: Any
+    attention: torch.Tensor
+    next_pos: torch.Tensor
+    logits: torch.Tensor
+
+    def repeat(self, n: int) -> None:
+        """Each row becomes ``n`` adjacent copies (shares the prefix; no recomputation)."""
+        if n > 1:
+            self.cache.batch_repeat_interleave(n)
+            self.attention = self.attention.repeat_interleave(n, 0)
+            self.next_pos = self.next_pos.repeat_interleave(n, 0)
+            self.logits = self.logits.repeat_interleave(n, 0)
+
+
+@dataclass
+class _Decoded:
+    """Tokens decoded for R rows: ids/mask/logprobs [R, T]; ``unfed`` rows still have their last token to feed."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    logprobs: torch.Tensor
+    finish: list[FinishReason]
+    unfed: torch.Tensor
+
+
+def _rope_index_owner(model: torch.nn.Module) -> Any:
+    """The submodule computing Qwen-VL mRoPE positions (found through PEFT / DeepSpeed wrappers)."""
+    for module in model.modules():
+        if hasattr(module, "get_rope_index") and not hasattr(module, "lm_head"):
+            return module
+    raise TypeError(f"{type(model).__name__} has no get_rope_index: not a Qwen-VL model")
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, params: SamplingParams) -> torch.Tensor:
+    """Temperature, top-k and top-p (nucleus) warping of [R, V] logits; removed tokens get -inf."""
+    logits = logits / temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs > params.top_p  # keeps the smallest prefix reaching top_p (>= 1 token)
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    return logits
+
+
+class HFRolloutEngine:
+    """Two-phase K x M sampling with a transformers Qwen-VL model (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, tokens: SpecialTokens, tokenizer: Any,
+                 reuse_prefix_cache: bool = True) -> None:
+        self.model = model
+        self.tokens = tokens
+        self.tokenizer = tokenizer
+        self.reuse_prefix_cache = reuse_prefix_cache
+        self._rope = _rope_index_owner(model)
+        self._stop_tables: dict[tuple[str, int], torch.Tensor] = {}
+
+    @classmethod
+    def for_adapter(cls, model: torch.nn.Module, adapter: Any, reuse_prefix_cache: bool = True) -> HFRolloutEngine:
+        return cls(model, adapter.tokens, adapter.tokenizer, reuse_prefix_cache)
+
+    # -- model calls ---------------------------------------------------------------------------------------
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _prefill(self, prompts: Sequence[PromptInputs], rows: Sequence[Sequence[int]],
+                 prompt_of_row: Sequence[int]) -> _Stream:
+        from transformers import DynamicCache
+
+        dev = self._device()
+        batch = {k: v.to(dev) for k, v in collate(prompts, rows, prompt_of_row, self.tokens).items()}
+        positions, _ = self._rope.get_rope_index(
+            input_ids=batch["input_ids"], mm_token_type_ids=batch["mm_token_type_ids"],
+            image_grid_thw=batch["image_grid_thw"], attention_mask=batch["attention_mask"])
+        cache = DynamicCache(config=self.model.config)
+        batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
+        out = self.model(**batch, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
+        return _Stream(out.cache, batch["attention_mask"], positions.amax(dim=(0, 2)) + 1, out.logits[:, -1].float())
+
+    def _feed(self, stream: _Stream, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Feed ids [R, W] (mask [R, W]: 1 = real token) and return logits [R, W, V]; updates the stream."""
+        r, w = ids.shape
+        offsets = mask.long().cumsum(1) - mask.long()
+        positions = (stream.next_pos[:, None] + offsets).unsqueeze(0).expand(3, r, w)
+        stream.attention = torch.cat([stream.attention, mask.long()], 1)
+        out = self.model(input_ids=ids, attention_mask=stream.attention, position_ids=positions, cache=stream.cache,
+                         use_cache=True)
+        n = mask.long().sum(1)
+        stream.next_pos = stream.next_pos + n
+        logits = out.logits.float()
+        last = (n - 1).clamp(min=0)
+        fed = n > 0
+        stream.logits = torch.where(fed[:, None], logits[torch.arange(r), last], stream.logits)
+        return logits
+
+    # -- sampling ------------------------------------------------------------------------------------------
+
+    def _choose(self, logits: torch.Tensor, suppress: torch.Tensor, temperature: float, params: SamplingParams,
+                generator: torch.Generator) -> torch.Tensor:
+        logits = logits.masked_fill(suppress, float("-inf"))
+        if temperature == 0:
+            return logits.argmax(-1)
+        probs = filter_logits(logits, temperature, params).softmax(-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+    def _stop_table(self, text: str, vocab: int) -> torch.Tensor:
+        """[V] bool: tokens whose text holds the last character of ``text`` (only they can complete it).
+
+        A printable ASCII character is spelled as itself in byte-level and sentencepiece token strings, so
+        the raw token strings suffice (fast); other characters need each token decoded.
+        """
+        key = (text, vocab)
+        if key not in self._stop_tables:
+            n = min(vocab, len(self.tokenizer))
+            if 33 <= ord(text[-1]) <= 126:
+                pieces = self.tokenizer.convert_ids_to_tokens(list(range(n)))
+            else:
+                pieces = self.tokenizer.batch_decode([[i] for i in range(n)])
+            table = torch.zeros(vocab, dtype=torch.bool)
+            table[:n] = torch.tensor([p is not None and text[-1] in p for p in pieces])
+            self._stop_tables[key] = table
+        return self._stop_tables[key]
+
+    def _decode(self, stream: _Stream, budget: int, stop: str, stop_ids: Sequence[int], suppress: torch.Tensor,
+                temperature: float, params: SamplingParams, generator: torch.Generator) -> _Decoded:
+        """Sample up to ``budget`` tokens per row, ending a row when its text gains ``stop`` or at ``stop_ids``.
+
+        The stop string is matched in the decoded text, so it is found whatever tokens spell it (the real
+        Qwen2 vocabulary writes ``</think><answer>`` as ``</ think ><``).
+        """
+        r, dev = stream.logits.shape[0], stream.logits.device
+        ids = torch.full((r, budget), self.tokens.pad_id, dtype=torch.long, device=dev)
+        mask = torch.zeros((r, budget), dtype=torch.bool, device=dev)
+        logprobs = torch.zeros((r, budget), device=dev)
+        done = torch.zeros(r, dtype=torch.bool, device=dev)
+        stopped = torch.zeros(r, dtype=torch.bool, device=dev)
+        table = self._stop_table(stop, suppress.shape[0]).to(dev)
+        id_stops = torch.zeros_like(table)
+        id_stops[list(stop_ids)] = True
+        window = len(stop) + 2
+        rows = torch.arange(r, device=dev)
+        for t in range(budget):
+            alive = ~done
+            token = torch.where(alive, self._choose(stream.logits, suppress, temperature, params, generator),
+                                self.tokens.pad_id)
+            ids[:, t], mask[:, t] = token, alive
+            logprobs[:, t] = torch.where(alive, stream.logits.log_softmax(-1)[rows, token], 0.0)
+            if not params.ignore_stop:
+                stopped |= alive & id_stops[token]
+                for i in (alive & table[token] & ~stopped).nonzero().flatten().tolist():
+                    stopped[i] = stop in self.tokenizer.decode(ids[i, max(0, t + 1 - window): t + 1].tolist())
+            done = done | stopped
+            if bool(done.all()) or t == budget - 1:
+                unfed = alive
+                break
+            self._feed(stream, token[:, None], alive[:, None])
+        finish: list[FinishReason] = ["stop" if s else "length" for s in stopped.tolist()]
+        return _Decoded(ids, mask, logprobs, finish, unfed)
+
+    def _close_thoughts(self, stream: _Stream, thoughts: _Decoded) -> _Decoded:
+        """Append ``</think>`` to truncated thoughts and feed every row's unfed tail, so the cache is prompt+thought."""
+        close = list(self.tokens.think_close)
+        r = thoughts.ids.shape[0]
+        lengths = thoughts.mask.sum(1)
+        tails = []
+        for i in range(r):
+            tail = [int(thoughts.ids[i, lengths[i] - 1])] if thoughts.unfed[i] else []
+            tails.append(tail + (close if thoughts.finish[i] == "length" else []))
+        width = max(len(tail) for tail in tails)  # >= 1: the rows alive at the last step are unfed
+        ids = torch.cat([thoughts.ids, torch.full((r, len(close)), self.tokens.pad_id, device=thoughts.ids.device)], 1)
+        mask = torch.cat([thoughts.mask, torch.zeros((r, len(close)), dtype=torch.bool, device=ids.device)], 1)
+        logprobs = torch.cat([thoughts.logprobs, torch.zeros((r, len(close)), device=ids.device)], 1)
+        block = torch.full((r, width), self.tokens.pad_id, dtype=torch.long, device=ids.device)
+        block_mask = torch.zeros((r, width), dtype=torch.bool, device=ids.device)
+        for i, tail in enumerate(tails):
+            block[i, : len(tail)] = torch.tensor(tail, dtype=torch.long)
+            block_mask[i, : len(tail)] = True
+        block_logp = self._feed(stream, block, block_mask).log_softmax(-1)
+        for i in range(r):
+            if thoughts.finish[i] == "length":
+                start, first = int(lengths[i]), len(tails[i]) - len(close)
+                closing = torch.tensor(close, device=ids.device)
+                ids[i, start: start + len(close)] = closing
+                mask[i, start: start + len(close)] = True
+                logprobs[i, start: start + len(close)] = block_logp[i, first - 1: first - 1 + len(close)].gather(
+                    -1, closing[:, None]).squeeze(1)
+        return _Decoded(ids, mask, logprobs, thoughts.finish, torch.zeros_like(thoughts.unfed))
+
+    def sample(self, prompts: Sequence[PromptInputs], params: SamplingParams) -> RolloutTree:
+        """Sample the K x M tree in eval mode (so the KV cache is on even under gradient checkpointing)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return self._sample(prompts, params)
+        finally:
+            self.model.train(was_training)
+
+    def _sample(self, prompts: Sequence[PromptInputs], params: SamplingParams) -> RolloutTree:
+        b, k, m = len(prompts), params.num_thoughts, params.answers_per_thought
+        dev = self._device()
+        generator = torch.Generator(device=dev).manual_seed(params.seed)
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        vision = torch.zeros(vocab, dtype=torch.bool, device=dev)
+        vision[list(self.tokens.suppress_ids)] = True
+        no_eos = vision.clone()
+        no_eos[list(self.tokens.eos_ids)] = True  # a thought ends only with </think> or its budget
+        clock = [time.perf_counter()]
+        stream = self._prefill(prompts, [p.input_ids.tolist() for p in prompts], range(b))
+        stream.repeat(k)
+        clock.append(time.perf_counter())
+        thoughts = self._decode(stream, params.max_thought_tokens, THINK_CLOSE, (), no_eos,
+                                params.temperature, params, generator)
+        thoughts = self._close_thoughts(stream, thoughts)
+        clock.append(time.perf_counter())
+        if self.reuse_prefix_cache:
+            stream.repeat(m)
+        else:
+            rows = [prompts[i // k].input_ids.tolist() + thoughts.ids[i][thoughts.mask[i]].tolist()
+                    for i in range(b * k) for _ in range(m)]
+            stream = self._prefill(prompts, rows, [i // (k * m) for i in range(b * k * m)])
+        answers = self._decode(stream, params.max_answer_tokens, ANSWER_CLOSE, self.tokens.eos_ids, vision,
+                               params.phase2_temperature, params, generator)
+        clock.append(time.perf_counter())
+        tree = self._tree(prompts, thoughts, answers, k, m)
+        tree.seconds = dict(zip(("prefill", "thoughts", "answers"), [t1 - t0 for t0, t1 in zip(clock, clock[1:])]))
+        return tree
+
+    def _texts(self, decoded: _Decoded) -> list[str]:
+        return [self.tokenizer.decode(ids[mask].tolist(), skip_special_tokens=True)
+                for ids, mask in zip(decoded.ids.cpu(), decoded.mask.cpu())]
+
+    def _tree(self, prompts: Sequence[PromptInputs], thoughts: _Decoded, answers: _Decoded, k: int,
+              m: int) -> RolloutTree:
+        b = len(prompts)
+        t_texts, a_texts = self._texts(thoughts), self._texts(answers)
+        return RolloutTree(
+            prompts=list(prompts), pad_id=self.tokens.pad_id,
+            thought_ids=thoughts.ids.view(b, k, -1).cpu(), thought_mask=thoughts.mask.view(b, k, -1).cpu(),
+            thought_logprobs=thoughts.logprobs.view(b, k, -1).cpu(),
+            thought_finish=[thoughts.finish[i * k:(i + 1) * k] for i in range(b)],
+            thought_texts=[t_texts[i * k:(i + 1) * k] for i in range(b)],
+            answer_ids=answers.ids.view(b, k, m, -1).cpu(), answer_mask=answers.mask.view(b, k, m, -1).cpu(),
+            answer_logprobs=answers.logprobs.view(b, k, m, -1).cpu(),
+            answer_finish=[[answers.finish[(i * k + j) * m:(i * k + j + 1) * m] for j in range(k)] for i in range(b)],
+            answer_texts=[[a_texts[(i * k + j) * m:(i * k + j + 1) * m] for j in range(k)] for i in range(b)],
+        )
