@@ -47,6 +47,9 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     _config_args(p)
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (Hugging Face format)")
     p.add_argument("--split", default="test")
+    p.add_argument("--samples", type=int, default=1,
+                   help="1 = greedy; N > 1 samples N completions per record at rollout.temperature")
+    p.add_argument("--overlays", type=int, default=16, help="PNG overlays to draw (prediction vs ground truth)")
 
 
 def _manip_eval_args(p: argparse.ArgumentParser) -> None:
