@@ -1,0 +1,71 @@
+"""Metrics logging: JSONL lines, TensorBoard scalars, rank-0 only, the W&B error, flat keys."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+from vlm_grpoma.config import LoggingConfig
+from vlm_grpoma.trainer.logging import METRICS_FILE, TENSORBOARD_DIR, MetricsLogger, flatten, reduce_metrics
+
+
+def _step_metrics(step: int) -> dict:
+    return {
+        "reward": {"total_mean": 0.5 * step, "iou_mean": 0.25},
+        "time/step_s": 0.1,
+        "loss/policy": torch.tensor(1.5),
+        "grad/norm": float("nan"),
+        "skipped": False,
+    }
+
+
+def test_jsonl_every_step_tensorboard_every_log_every_and_append_on_resume(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = LoggingConfig(output_dir=str(tmp_path), log_every=2, tensorboard=True, progress_bar=True)
+    with MetricsLogger(cfg, total_steps=4) as logger:
+        for step in (1, 2, 3):
+            logger.log(step, _step_metrics(step))
+    with MetricsLogger(cfg, total_steps=4, initial_step=3) as logger:  # a resumed run appends
+        logger.log(4, _step_metrics(4))
+
+    records = [json.loads(line) for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert records[2] == {
+        "step": 3,
+        "reward/total_mean": 1.5,
+        "reward/iou_mean": 0.25,
+        "time/step_s": 0.1,
+        "loss/policy": 1.5,
+        "grad/norm": None,
+        "skipped": False,
+    }
+
+    events = EventAccumulator(str(tmp_path / TENSORBOARD_DIR))
+    events.Reload()
+    rewards = events.Scalars("reward/total_mean")
+    assert [e.step for e in rewards] == [2, 4] and [e.value for e in rewards] == pytest.approx([1.0, 2.0])
+    assert "grad/norm" not in events.Tags()["scalars"]  # non-finite values are not plotted
+
+
+def test_other_ranks_write_nothing(tmp_path):
+    cfg = LoggingConfig(output_dir=str(tmp_path / "run"), tensorboard=True)
+    with MetricsLogger(cfg, total_steps=1, rank=1) as logger:
+        logger.log(1, _step_metrics(1))
+    assert not (tmp_path / "run").exists()
+
+
+def test_wandb_requested_but_missing_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now raises ImportError
+    cfg = LoggingConfig(output_dir=str(tmp_path), tensorboard=False, wandb_project="demo", progress_bar=False)
+    with pytest.raises(ImportError, match="logging.wandb_project is set but wandb is not installed"):
+        MetricsLogger(cfg, total_steps=1)
+
+
+def test_flatten_and_single_process_reduce():
+    assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": 3}) == {"a/b": 1, "a/c/d": 2, "e": 3}
+    assert reduce_metrics({"x": 2.0, "y": math.pi}, "max") == {"x": 2.0, "y": math.pi}

@@ -1,0 +1,140 @@
+"""The shared-prefix pass reproduces the naive path log-probs and their parameter gradients, every family."""
+
+import pytest
+import torch
+from PIL import Image
+
+from vlm_grpoma.answers import Box, Boxes
+from vlm_grpoma.config import ModelConfig
+from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.models.registry import load_model
+from vlm_grpoma.rollout.engine import SamplingParams
+from vlm_grpoma.rollout.hf import HFRolloutEngine
+from vlm_grpoma.rollout.tree import RolloutTree
+from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
+from vlm_grpoma.trainer.packed import pack, shared_prefix_log_probs
+
+SIZES = [(90, 70), (50, 120), (112, 112)]
+
+
+def _prompts(adapter, folder):
+    """Three prompts of different image sizes and text lengths (so the batch is padded)."""
+    records = []
+    for i, (w, h) in enumerate(SIZES):
+        Image.new("RGB", (w, h), (60 * i, 120, 200)).save(folder / f"{i}.png")
+        records.append(Record(id=f"r{i}", image=str(folder / f"{i}.png"), task="detection",
+                              prompt="the square" + " on the left" * i, width=w, height=h,
+                              ground_truth=Boxes((Box(1, 1, 9, 9),))))
+    prompts = adapter.build_inputs(records)
+    assert len({len(p.input_ids) for p in prompts}) == 3
+    return prompts
+
+
+def _ragged_tree(prompts, tokens, k=3, m=2, lt=7, la=5, seed=0) -> RolloutTree:
+    """A tree of random text tokens with thoughts (closed by ``</think>``) and answers of random lengths."""
+    g = torch.Generator().manual_seed(seed)
+    b = len(prompts)
+    close = torch.tensor(tokens.think_close)
+    thought_ids = torch.full((b, k, lt), tokens.pad_id)
+    thought_mask = torch.zeros((b, k, lt), dtype=torch.bool)
+    answer_ids = torch.full((b, k, m, la), tokens.pad_id)
+    answer_mask = torch.zeros((b, k, m, la), dtype=torch.bool)
+    text_ids = torch.arange(3, 200)  # plain text tokens of the tiny BPE vocabulary
+    for i in range(b):
+        for j in range(k):
+            n = int(torch.randint(len(close), lt + 1, (1,), generator=g))
+            thought_ids[i, j, :n] = torch.cat([text_ids[torch.randint(len(text_ids), (n - len(close),), generator=g)],
+                                               close])
+            thought_mask[i, j, :n] = True
+            for r in range(m):
+                n = int(torch.randint(1, la + 1, (1,), generator=g))
+                answer_ids[i, j, r, :n] = text_ids[torch.randint(len(text_ids), (n,), generator=g)]
+                answer_mask[i, j, r, :n] = True
+    return RolloutTree(prompts, tokens.pad_id, thought_ids, thought_mask, torch.zeros(b, k, lt), [["stop"] * k] * b,
+                       [[""] * k] * b, answer_ids, answer_mask, torch.zeros(b, k, m, la),
+                       [[["stop"] * m] * k] * b, [[[""] * m] * k] * b)
+
+
+def _load(tiny_model_dir, arch, lora: bool, attn: str = "sdpa"):
+    loaded = load_model(ModelConfig(name_or_path=str(tiny_model_dir(arch)), dtype="float32",
+                                    attn_implementation=attn))
+    model = loaded.model.eval()
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        torch.manual_seed(0)  # non-zero LoRA B (init_lora_weights=False), so the adapters change the outputs
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                 init_lora_weights=False))
+    return model, loaded.adapter
+
+
+def _grads(model, logp: PathLogProbs, weights) -> list[torch.Tensor]:
+    model.zero_grad()
+    ((logp.thought * weights[0]).sum() + (logp.answer * weights[1]).sum()).backward()
+    return [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+
+def _assert_same(model, tree, indices, tokens):
+    naive = path_log_probs(model, tree, indices, tokens)
+    shared = shared_prefix_log_probs(model, tree, indices, tokens)
+    torch.testing.assert_close(shared.thought, naive.thought, atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared.answer, naive.answer, atol=1e-5, rtol=0)
+    g = torch.Generator().manual_seed(1)
+    weights = (torch.randn(naive.thought.shape, generator=g), torch.randn(naive.answer.shape, generator=g))
+    expected, got = _grads(model, naive, weights), _grads(model, shared, weights)
+    assert len(got) == len(expected) and all(e.abs().sum() > 0 for e in expected)
+    for e, s in zip(expected, got):
+        torch.testing.assert_close(s, e, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_ragged_tree_matches_naive(arch, lora, tiny_model_dir, tmp_path):
+    model, adapter = _load(tiny_model_dir, arch, lora)
+    prompts = _prompts(adapter, tmp_path)
+    tree = _ragged_tree(prompts, adapter.tokens)
+    assert len(set(tree.thought_lengths.flatten().tolist())) > 2 and len(set(tree.answer_lengths.flatten().tolist())) > 2
+    _assert_same(model, tree, [0, 1, 2], adapter.tokens)
+
+
+def test_sampled_tree_with_truncated_thoughts_matches_naive(arch, tiny_model_dir, tmp_path):
+    model, adapter = _load(tiny_model_dir, arch, lora=False)
+    params = SamplingParams(num_thoughts=2, answers_per_thought=3, max_thought_tokens=4, max_answer_tokens=4, seed=5)
+    tree = HFRolloutEngine.for_adapter(model, adapter).sample(_prompts(adapter, tmp_path), params)
+    assert tree.thought_truncated.any()
+    _assert_same(model, tree, [2, 0], adapter.tokens)  # any subset, any order
+    with torch.no_grad():  # and the recorded sampling log-probs, as the naive pass reproduces them
+        shared = shared_prefix_log_probs(model, tree, [0, 1, 2], adapter.tokens)
+    torch.testing.assert_close(shared.answer, tree.answer_logprobs * tree.answer_mask, atol=1e-4, rtol=0)
+
+
+def test_eager_attention_matches_naive(tiny_model_dir, tmp_path):
+    model, adapter = _load(tiny_model_dir, "qwen2_5_vl", lora=False, attn="eager")
+    prompts = _prompts(adapter, tmp_path)
+    _assert_same(model, _ragged_tree(prompts, adapter.tokens, seed=2), [1, 2], adapter.tokens)
+
+
+def test_each_prompt_and_thought_is_packed_once(tiny_model_dir, tmp_path):
+    model, adapter = _load(tiny_model_dir, "qwen2_vl", lora=False)
+    prompts = _prompts(adapter, tmp_path)
+    tree = _ragged_tree(prompts, adapter.tokens, k=4, m=3)
+    packed = pack(model, tree, [0, 1, 2], adapter.tokens)
+    branch = tree.thought_lengths.sum(1) + tree.answer_lengths.sum((1, 2))  # [B]
+    width = max(len(p.input_ids) for p in prompts)
+    assert packed.input_ids.shape == (3, width + int(branch.max()))
+    # answer tokens see only their prompt, their own thought and their own answer (up to themselves)
+    row, k, m = 1, 2, 1
+    start = width + int(tree.thought_lengths[row, :k].sum() + tree.answer_lengths[row, :k].sum())
+    thought_end = start + int(tree.thought_lengths[row, k])
+    answer_start = thought_end + int(tree.answer_lengths[row, k, :m].sum())
+    query = answer_start + 1
+    visible = packed.allowed[row, query].nonzero().flatten().tolist()
+    prompt_cols = list(range(width - len(prompts[row].input_ids), width))
+    assert visible == prompt_cols + list(range(start, thought_end)) + [answer_start, query]
+
+
+def test_flash_attention_is_refused(tiny_model_dir, tmp_path):
+    model, adapter = _load(tiny_model_dir, "qwen2_vl", lora=False)
+    tree = _ragged_tree(_prompts(adapter, tmp_path), adapter.tokens)
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="4-D attention mask"):
+        shared_prefix_log_probs(model, tree, [0], adapter.tokens)

@@ -1,0 +1,164 @@
+"""Per-step metrics: JSONL always, TensorBoard by default, Weights & Biases when configured, a tqdm bar.
+
+Only rank 0 writes; every rank may call :meth:`MetricsLogger.log` (other ranks ignore it). Metric names are
+flat ``group/name`` keys (``reward/total_mean``, ``time/step_s``); :func:`flatten` turns nested dicts into
+them and :func:`reduce_metrics` averages (or sums, maxes) them over ranks before logging.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from vlm_grpoma.config import LoggingConfig
+
+REWARD_KEY = "reward/total_mean"
+STEP_TIME_KEY = "time/step_s"
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"reward": {"total_mean": 1.0}}`` → ``{"reward/total_mean": 1.0}``."""
+    flat: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _scalar(value: Any) -> float | int | str | bool | None:
+    """JSON-ready scalar: tensors become numbers, non-finite floats become null (strict JSON)."""
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    return float(value)
+
+
+class MetricsLogger:
+    """Writes one JSON object per step to ``<output_dir>/metrics.jsonl`` (appending across resumes)."""
+
+    def __init__(
+        self,
+        cfg: LoggingConfig,
+        *,
+        total_steps: int,
+        initial_step: int = 0,
+        run_config: Mapping[str, Any] | None = None,
+        rank: int | None = None,
+    ):
+        if rank is None:
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        self.cfg = cfg
+        self.enabled = rank == 0
+        self.output_dir = Path(cfg.output_dir)
+        self._jsonl = self._tensorboard = self._wandb = self._bar = None
+        if not self.enabled:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(self.output_dir / METRICS_FILE, "a", encoding="utf-8")  # closed in close()
+        if cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tensorboard = SummaryWriter(str(self.output_dir / TENSORBOARD_DIR))
+        if cfg.wandb_project:
+            try:
+                import wandb
+            except ImportError:
+                raise ImportError(
+                    "logging.wandb_project is set but wandb is not installed: pip install wandb, "
+                    "or leave logging.wandb_project empty"
+                ) from None
+            self._wandb = wandb.init(
+                project=cfg.wandb_project,
+                dir=str(self.output_dir),
+                config=dict(run_config or {}),
+                resume="allow",
+            )
+        if cfg.progress_bar:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(
+                total=total_steps, initial=initial_step, desc="train", unit="step", dynamic_ncols=True
+            )
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record the metrics of training step ``step``: JSONL always, TensorBoard/W&B every ``log_every``."""
+        if not self.enabled:
+            return
+        flat = {key: _scalar(value) for key, value in flatten(metrics).items()}
+        self._jsonl.write(json.dumps({"step": step, **flat}) + "\n")
+        self._jsonl.flush()
+        numeric = {k: v for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if step % self.cfg.log_every == 0:
+            if self._tensorboard is not None:
+                for key, value in numeric.items():
+                    self._tensorboard.add_scalar(key, value, step)
+                self._tensorboard.flush()
+            if self._wandb is not None:
+                self._wandb.log(numeric, step=step)
+        if self._bar is not None:
+            postfix = {}
+            if numeric.get(REWARD_KEY) is not None:
+                postfix["reward"] = f"{numeric[REWARD_KEY]:.3f}"
+            if numeric.get(STEP_TIME_KEY) is not None:
+                postfix["s/step"] = f"{numeric[STEP_TIME_KEY]:.2f}"
+            self._bar.set_postfix(postfix, refresh=False)
+            self._bar.update(1)
+
+    def close(self) -> None:
+        for closer in (self._bar, self._tensorboard, self._jsonl):
+            if closer is not None:
+                closer.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        self._jsonl = self._tensorboard = self._wandb = self._bar = None
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def reduce_metrics(
+    metrics: Mapping[str, float], op: Literal["mean", "sum", "max", "min"] = "mean"
+) -> dict[str, float]:
+    """Reduce every value over all ranks (one all-reduce); all ranks must pass the same keys.
+
+    Without a process group (or with one rank) the values come back unchanged.
+    """
+    keys = sorted(metrics)
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return {k: float(metrics[k]) for k in keys}
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.distributed.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
+    shape = torch.tensor([len(keys), -len(keys)], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(shape, op=torch.distributed.ReduceOp.MAX)
+    if shape[0].item() != -shape[1].item():
+        raise ValueError(f"reduce_metrics: ranks passed different numbers of metrics (this rank: {keys})")
+    values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
+    reduce_op = {
+        "mean": torch.distributed.ReduceOp.SUM,
+        "sum": torch.distributed.ReduceOp.SUM,
+        "max": torch.distributed.ReduceOp.MAX,
+        "min": torch.distributed.ReduceOp.MIN,
+    }[op]
+    torch.distributed.all_reduce(values, op=reduce_op)
+    if op == "mean":
+        values /= torch.distributed.get_world_size()
+    return dict(zip(keys, values.tolist()))

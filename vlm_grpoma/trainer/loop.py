@@ -1,0 +1,200 @@
+"""The GRPO-MA training loop, one step as in DESIGN.md §2.
+
+records → rollout tree (policy in eval mode, no grad) → rewards → advantages → μ policy epochs over
+micro-batches of prompts (thought and answer segments) → optimizer step → metrics. Prompts are sharded across
+ranks; rewards and advantages are computed per prompt group on the rank that owns it. A non-finite reward,
+loss or gradient makes the engine skip the optimizer step on every rank (weights untouched) and is logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from vlm_grpoma.algorithm import (
+    Segments,
+    grpo_ma_advantages,
+    grpo_ma_token_weights,
+    policy_loss,
+    thought_advantage_variance,
+)
+from vlm_grpoma.cli import CommandError
+from vlm_grpoma.config import Config
+from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.rewards import Completion
+from vlm_grpoma.rewards.base import RewardResult, build_rewards
+from vlm_grpoma.rollout.engine import SamplingParams
+from vlm_grpoma.rollout.hf import HFRolloutEngine
+from vlm_grpoma.rollout.tree import RolloutTree
+from vlm_grpoma.trainer.logging import reduce_metrics
+from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
+from vlm_grpoma.trainer.run import Run
+
+
+def sampling_seed(seed: int, step: int, rank: int) -> int:
+    """The rollout seed of one step on one rank: a function of the step alone, so resumed runs resample alike."""
+    return (seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**63 - 1)
+
+
+def score_tree(tree: RolloutTree, records: Sequence[Record], adapter, rewards) -> tuple[RewardResult, torch.Tensor]:
+    """Parse every answer (thought + answer text: a real vocabulary may split a tag across them) and score it."""
+    b_count, k_count, m_count = tree.shape
+    completions, owners = [], []
+    for b, record in enumerate(records):
+        for k in range(k_count):
+            thought = tree.thought_texts[b][k]
+            for m in range(m_count):
+                answer = tree.answer_texts[b][k][m]
+                completions.append(Completion(adapter.parse_answer(thought + answer, record), thought, answer))
+                owners.append(record)
+    result = rewards.score(completions, owners)
+    return result, torch.tensor(result.total, dtype=torch.float32).view(b_count, k_count, m_count)
+
+
+@dataclass
+class _UpdateStats:
+    """Sums over the micro-batches of one step, turned into metrics at the end."""
+
+    sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, **values: float) -> None:
+        for key, value in values.items():
+            self.sums[key] += float(value)
+
+
+def _sum_over_ranks(counts: dict[str, int]) -> dict[str, int]:
+    """Add up per-rank counters whose keys may differ between ranks (e.g. parse-failure reasons)."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return dict(counts)
+    gathered: list[dict[str, int]] = [{} for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather_object(gathered, counts)
+    total: dict[str, int] = defaultdict(int)
+    for part in gathered:
+        for key, value in part.items():
+            total[key] += value
+    return dict(total)
+
+
+class Trainer(Run):
+    """GRPO-MA: K thoughts x M answers per prompt, rewards, advantages, the clipped objective."""
+
+    def __init__(self, config: Config, *, model: torch.nn.Module | None = None) -> None:
+        if config.rollout.backend != "hf":
+            raise CommandError("rollout.backend=vllm: the vLLM backend arrives with issue #9; use rollout.backend=hf")
+        super().__init__(config, model=model)
+        self.rewards = build_rewards(config.rewards.weights)
+
+    # -- one step ---------------------------------------------------------------------------------------------
+
+    def _rollout(self, records: Sequence[Record]) -> RolloutTree:
+        prompts = self.adapter.build_inputs(records)
+        params = SamplingParams.from_config(self.config.rollout,
+                                            sampling_seed(self.config.seed, self.step, self.dist.rank))
+        with self.engine.generation() as module:
+            return HFRolloutEngine.for_adapter(module, self.adapter).sample(prompts, params)
+
+    def _log_probs(self, model, tree: RolloutTree, chunks: list[list[int]]) -> list[PathLogProbs]:
+        return [path_log_probs(model, tree, chunk, self.adapter.tokens) for chunk in chunks]
+
+    def _update(self, tree: RolloutTree, rewards: torch.Tensor) -> tuple[dict[str, float], list[float]]:
+        """μ policy epochs over the micro-batches; returns loss statistics and the epochs' gradient norms."""
+        config, algo = self.config, self.config.algorithm
+        thought_adv, answer_adv = grpo_ma_advantages(rewards, scale=algo.advantage_scale, eps=algo.advantage_eps)
+        thought_w, answer_w = grpo_ma_token_weights(
+            tree.thought_lengths, tree.answer_lengths, aggregation=algo.loss_aggregation,
+            thought_loss_weight=algo.thought_loss_weight,
+            max_completion_tokens=config.rollout.max_thought_tokens + config.rollout.max_answer_tokens)
+        b_count = rewards.shape[0]
+        size = config.train.micro_batch_prompts
+        chunks = [list(range(i, min(i + size, b_count))) for i in range(0, b_count, size)]
+        old = ref = None
+        if algo.policy_epochs > 1:
+            with torch.no_grad():
+                old = self._log_probs(self.engine.model, tree, chunks)
+        if self.engine.has_reference:
+            with self.engine.reference() as reference:
+                ref = self._log_probs(reference, tree, chunks)
+        stats, grad_norms = _UpdateStats(), []
+        for _ in range(algo.policy_epochs):
+            for index, chunk in enumerate(chunks):
+                logp = path_log_probs(self.engine.model, tree, chunk, self.adapter.tokens)
+                device = logp.thought.device
+                parts = []
+                for kind, values, mask, adv, weights in (
+                    ("thought", logp.thought, tree.thought_mask, thought_adv, thought_w),
+                    ("answer", logp.answer, tree.answer_mask, answer_adv, answer_w),
+                ):
+                    dims = values.dim() - 1  # flatten [b, K(, M)] into segments
+                    segments = Segments(
+                        logp=values.flatten(0, dims - 1), mask=mask[chunk].flatten(0, dims - 1).to(device),
+                        advantages=adv[chunk].flatten().to(device), token_weights=weights[chunk].flatten().to(device),
+                        old_logp=None if old is None else getattr(old[index], kind).flatten(0, dims - 1),
+                        ref_logp=None if ref is None else getattr(ref[index], kind).flatten(0, dims - 1))
+                    parts.append(policy_loss(segments, clip_eps_low=algo.clip_eps_low,
+                                             clip_eps_high=algo.clip_eps_high, kl_beta=algo.kl_beta))
+                self.engine.backward(parts[0].loss + parts[1].loss)
+                tokens = parts[0].tokens + parts[1].tokens
+                stats.add(loss=sum(float(p.loss.detach()) for p in parts),
+                          policy_loss=sum(float(p.policy_loss) for p in parts),
+                          kl_tokens=sum(float(p.kl) * p.tokens for p in parts),
+                          clipped_tokens=sum(float(p.clip_fraction) * p.tokens for p in parts), tokens=tokens)
+            result = self.engine.step()
+            grad_norms.append(result.grad_norm)
+            stats.add(skipped=float(result.skipped), learning_rate=result.learning_rate)
+        epochs = algo.policy_epochs
+        s = stats.sums
+        return ({"loss/total": s["loss"] / epochs, "loss/policy": s["policy_loss"] / epochs,
+                 "loss/kl": s["kl_tokens"] / max(s["tokens"], 1),
+                 "loss/clip_fraction": s["clipped_tokens"] / max(s["tokens"], 1),
+                 "train/skipped_steps": s["skipped"], "train/learning_rate": s["learning_rate"] / epochs,
+                 "adv/thought_abs_mean": float(thought_adv.abs().mean()),
+                 "adv/answer_abs_mean": float(answer_adv.abs().mean())}, grad_norms)
+
+    def train_step(self) -> dict[str, float]:
+        """Run one training step on this rank's share of the prompts; returns the metrics (all ranks)."""
+        start = time.perf_counter()
+        records = self.next_records()
+        tree = self._rollout(records)
+        rolled = time.perf_counter()
+        result, rewards = score_tree(tree, records, self.adapter, self.rewards)
+        scored = time.perf_counter()
+        update, grad_norms = self._update(tree, rewards)
+        updated = time.perf_counter()
+
+        finite = torch.isfinite(rewards)
+        values = rewards[finite]
+        thought_values = rewards.mean(-1)
+        local = {
+            "reward/total_mean": float(values.mean()) if values.numel() else math.nan,
+            "reward/total_sq_mean": float((values ** 2).mean()) if values.numel() else math.nan,
+            "reward/non_finite": float((~finite).sum()),
+            "groups/zero_thought_variance": float((thought_values.amax(-1) == thought_values.amin(-1)).float().mean()),
+            "variance/thought_adv_estimate": float(thought_advantage_variance(rewards).nanmean()),
+            "lengths/thought_mean": float(tree.thought_lengths.float().mean()),
+            "lengths/answer_mean": float(tree.answer_lengths.float().mean()),
+            "truncation/thought_rate": float(tree.thought_truncated.float().mean()),
+            "truncation/answer_rate": float(tree.answer_truncated.float().mean()),
+            "time/rollout_s": rolled - start, "time/reward_s": scored - rolled, "time/update_s": updated - scored,
+            "tokens_per_s": float(tree.thought_mask.sum() + tree.answer_mask.sum()) / max(rolled - start, 1e-9),
+            **update,
+        }
+        for name, component in result.components.items():
+            local[f"reward/{name}_mean"] = float(torch.tensor(component, dtype=torch.float64).nanmean())
+        metrics = reduce_metrics(local)
+        metrics["reward/total_std"] = math.sqrt(max(metrics.pop("reward/total_sq_mean")
+                                                    - metrics["reward/total_mean"] ** 2, 0.0))
+        metrics.update({f"failures/{k}": float(v) for k, v in _sum_over_ranks(result.failures).items()})
+        metrics.update(self.gradient_metrics(grad_norms[-1]))
+        metrics["time/step_s"] = time.perf_counter() - start
+        return metrics
+
+
+def main(args: argparse.Namespace) -> int:
+    """``vlm-grpoma train`` handler (one process per rank under the deepspeed launcher)."""
+    return Trainer(args.config_obj).run_to_end("reward/total_mean")

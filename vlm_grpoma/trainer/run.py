@@ -1,0 +1,103 @@
+"""What every training run shares (GRPO-MA and SFT): engine, adapter, records, data order, GSS tracking,
+metrics logging, checkpoints and exact resume. Subclasses implement :meth:`Run.train_step`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vlm_grpoma.algorithm import GradientSpikeTracker
+from vlm_grpoma.cli import CommandError
+from vlm_grpoma.config import Config
+from vlm_grpoma.datasets.jsonl import read_records
+from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.models.registry import load_adapter
+from vlm_grpoma.trainer.checkpoint import (
+    TrainerState,
+    checkpoint_name,
+    checkpoint_root,
+    load_checkpoint,
+    resolve_resume,
+    save_checkpoint,
+)
+from vlm_grpoma.trainer.data import PromptSampler
+from vlm_grpoma.trainer.engine import TrainingEngine, build_engine
+from vlm_grpoma.trainer.logging import MetricsLogger
+
+
+class Run:
+    """Set up (or resume) a run; :meth:`train` calls :meth:`train_step` until ``train.steps``."""
+
+    def __init__(self, config: Config, *, model: torch.nn.Module | None = None) -> None:
+        if not config.data.train_path:
+            raise CommandError("data.train_path is empty: point it at a records.jsonl (see vlm-grpoma make-data)")
+        self.config = config
+        self.records = read_records(config.data.train_path, skip_bad=config.data.skip_bad_records)
+        self.engine: TrainingEngine = build_engine(config, model)
+        self.dist = self.engine.dist
+        self.adapter = load_adapter(config.model)
+        self.sampler = PromptSampler(len(self.records), config.train.prompts_per_step, config.seed,
+                                     config.data.shuffle)
+        self.gss = GradientSpikeTracker()
+        self.step = 0
+        resume = resolve_resume(config.checkpoint.resume, config.logging.output_dir)
+        if resume is not None:
+            state = load_checkpoint(self.engine, resume)
+            self.step = state.step
+            self.sampler.load_state_dict(state.data)
+            self.gss.load_state_dict(state.metrics["gss"])
+        self.logger = MetricsLogger(config.logging, total_steps=config.train.steps, initial_step=self.step,
+                                    run_config=config.to_dict(), rank=self.dist.rank)
+
+    def next_records(self) -> list[Record]:
+        """This rank's share of the next step's prompts."""
+        indices = PromptSampler.shard(self.sampler.next_step(), self.dist.rank, self.dist.world_size)
+        return [self.records[i] for i in indices]
+
+    def gradient_metrics(self, grad_norm: float) -> dict[str, float]:
+        """Advance the step counter and report the gradient norm with its spike score (GSS, GSS@10)."""
+        self.step += 1
+        return {"train/grad_norm": grad_norm, "train/gss": self.gss.update(grad_norm),
+                "train/gss10_count": float(self.gss.spikes), "train/gss10_fraction": self.gss.spike_fraction}
+
+    def train_step(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    def save(self) -> Path:
+        return save_checkpoint(self.engine, self.config.logging.output_dir,
+                               TrainerState(step=self.step, data=self.sampler.state_dict(),
+                                            metrics={"gss": self.gss.state_dict()}),
+                               processor=self.adapter.processor, keep_last=self.config.checkpoint.keep_last,
+                               merge_lora=self.config.checkpoint.merge_lora)
+
+    @property
+    def final_model_dir(self) -> Path:
+        """The Hugging Face folder of the last checkpoint (what ``model.name_or_path`` of a next stage takes)."""
+        return checkpoint_root(self.config.logging.output_dir) / checkpoint_name(self.step) / "model"
+
+    def train(self) -> list[dict[str, float]]:
+        """Train until ``train.steps``; checkpoint every ``checkpoint.save_every`` steps and at the end."""
+        history = []
+        try:
+            while self.step < self.config.train.steps:
+                metrics = self.train_step()
+                self.logger.log(self.step, metrics)
+                history.append(metrics)
+                every = self.config.checkpoint.save_every
+                if every and self.step % every == 0 and self.step < self.config.train.steps:
+                    self.save()
+            self.save()
+        finally:
+            self.logger.close()
+        return history
+
+    def run_to_end(self, headline: str) -> int:
+        """CLI body: train, print a one-line summary on rank 0, release ZeRO-3 state; exit code 0."""
+        history = self.train()
+        if self.dist.is_main and history:
+            last = history[-1]
+            print(f"trained {self.step} steps; last {headline} {last[headline]:.3f}, {last['time/step_s']:.2f} "
+                  f"s/step; model in {self.final_model_dir}")
+        self.engine.close()
+        return 0

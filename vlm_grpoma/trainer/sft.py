@@ -1,0 +1,93 @@
+"""``vlm-grpoma sft``: supervised warm start on ground-truth answers (the paper's SFT baseline, the demo's start).
+
+Each record's target is a short templated thought naming where the target is (in the model's coordinate
+frame), then the ground truth written as this family's answer JSON::
+
+    <think>The target is near (412, 230).</think><answer>[{"bbox_2d": [380, 200, 444, 260], ...}]</answer>
+
+The loss is the mean negative log-likelihood over the target tokens of a rank's batch (token mean), run on the
+same DeepSpeed engine, data order, logging and checkpoints as GRPO-MA training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from vlm_grpoma.answers import Answer, Boxes, ContactAction, Points, Trajectory
+from vlm_grpoma.datasets.images import load_mask
+from vlm_grpoma.datasets.schema import MaskRef, Record
+from vlm_grpoma.trainer.logging import reduce_metrics
+from vlm_grpoma.trainer.logprobs import completion_log_probs
+from vlm_grpoma.trainer.run import Run
+
+
+def reference_answer(record: Record) -> Answer:
+    """The record's ground truth as an answer (a mask becomes its inside pixel nearest the mask's centroid)."""
+    gt = record.ground_truth
+    if not isinstance(gt, MaskRef):
+        return gt
+    inside = np.argwhere(load_mask(gt.path))
+    if not len(inside):
+        raise ValueError(f"record {record.id}: mask {gt.path} is empty; nothing to point at")
+    centroid = inside.mean(axis=0)
+    y, x = inside[np.argmin(((inside - centroid) ** 2).sum(axis=1))]
+    return Points(((float(x) + 0.5, float(y) + 0.5),))
+
+
+def _anchor(answer: Answer) -> tuple[float, float]:
+    """The one point a templated thought names: first box centre, first point, trajectory start, contact."""
+    if isinstance(answer, Boxes):
+        box = answer.boxes[0]
+        return (box.x1 + box.x2) / 2, (box.y1 + box.y2) / 2
+    if isinstance(answer, (Points, Trajectory)):
+        return answer.points[0]
+    if isinstance(answer, ContactAction):
+        return answer.point
+    raise TypeError(f"not an answer: {answer!r}")
+
+
+def target_text(adapter, record: Record) -> str:
+    """Templated thought + ground-truth answer, in the adapter's frame."""
+    answer = reference_answer(record)
+    frame = adapter.frame(record)
+    x, y = _anchor(answer)
+    mx, my = x * frame.model_width / frame.width, y * frame.model_height / frame.height
+    thought = f"The target is near ({round(mx)}, {round(my)})."
+    return f"<think>{thought}</think><answer>{adapter.format_answer(answer, record)}</answer>"
+
+
+class SFTRun(Run):
+    """Teacher-forced cross-entropy on :func:`target_text` completions."""
+
+    def train_step(self) -> dict[str, float]:
+        start = time.perf_counter()
+        records = self.next_records()
+        prompts = self.adapter.build_inputs(records)
+        targets = [torch.tensor(self.adapter.tokenizer(target_text(self.adapter, r), add_special_tokens=False)
+                                .input_ids, dtype=torch.long) for r in records]
+        total_tokens = sum(len(t) for t in targets)
+        size = self.config.train.micro_batch_prompts
+        loss_sum = 0.0
+        for first in range(0, len(records), size):
+            rows = list(range(first, min(first + size, len(records))))
+            logp = completion_log_probs(self.engine.model, prompts, rows, [targets[i] for i in rows],
+                                        self.adapter.tokens)
+            loss = -logp.sum() / total_tokens
+            self.engine.backward(loss)
+            loss_sum += float(loss.detach())
+        result = self.engine.step()
+        metrics = reduce_metrics({"sft/nll": loss_sum, "sft/target_tokens": float(total_tokens),
+                                  "train/skipped_steps": float(result.skipped),
+                                  "train/learning_rate": result.learning_rate})
+        metrics.update(self.gradient_metrics(result.grad_norm))
+        metrics["time/step_s"] = time.perf_counter() - start
+        return metrics
+
+
+def main(args: argparse.Namespace) -> int:
+    """``vlm-grpoma sft`` handler."""
+    return SFTRun(args.config_obj).run_to_end("sft/nll")
