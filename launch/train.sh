@@ -13,6 +13,7 @@
 #   HOSTFILE      DeepSpeed hostfile ("host slots=N" per line, see launch/hostfile.example); NUM_NODES: first N hosts
 #   NODE_RANK     this node's index in HOSTFILE when every node runs this script itself (no ssh)
 #   MASTER_ADDR   rendezvous host (default: DeepSpeed's choice, the first host); MASTER_PORT (default: a free port)
+#   COMMAND       the vlm-grpoma subcommand to run per rank: train (default) or sft
 #   TRAIN_SCRIPT  a Python script to run instead of `python -m vlm_grpoma.cli train` (same arguments; tests)
 #   DEEPSPEED     the launcher executable (default: <repo>/.venv/bin/deepspeed if present, else `deepspeed`)
 # The arguments after CONFIG are dotted overrides, e.g. train.steps=10 deepspeed.zero_stage=3.
@@ -70,4 +71,4 @@ fi
 if [[ -n "${TRAIN_SCRIPT:-}" ]]; then
     exec "$DEEPSPEED" "${ARGS[@]}" "$TRAIN_SCRIPT" --config "$CONFIG" "$@"
 fi
-exec "$DEEPSPEED" "${ARGS[@]}" --module vlm_grpoma.cli train --config "$CONFIG" "$@"
+exec "$DEEPSPEED" "${ARGS[@]}" --module vlm_grpoma.cli "${COMMAND:-train}" --config "$CONFIG" "$@"

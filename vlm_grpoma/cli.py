@@ -41,6 +41,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/demo", help="output folder for the demo run")
+    p.add_argument("--quick", action="store_true", help="a smoke-test sized demo (seconds, learns nothing)")
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:

@@ -1,77 +1,131 @@
-"""``vlm-grpoma demo``: the GRPO-MA pipeline end to end on CPU, offline, in about a minute.
+"""``vlm-grpoma demo``: SFT warm start, then GRPO-MA (T4A4), on CPU, offline, in under 10 minutes.
 
-Until the trainer lands (issue #5) the demo runs everything a training step does before the update: it builds
-a tiny Qwen2.5-VL model and a synthetic shapes detection set, samples K thoughts x M answers per prompt,
-parses and scores every answer, and computes the thought and answer advantages. It says so plainly.
+Builds a tiny Qwen2.5-VL and a synthetic shapes detection set, evaluates the untrained model, runs the SFT warm
+start and GRPO-MA with the real DeepSpeed trainer (``configs/demo.yaml``), evaluates after each stage, and
+ends with a summary table and a PNG of the reward curve.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from vlm_grpoma.algorithm import grpo_ma_advantages, thought_advantage_variance
-from vlm_grpoma.config import ModelConfig
+from vlm_grpoma.config import Config, load_config
 from vlm_grpoma.datasets.jsonl import read_records
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
+from vlm_grpoma.eval.grounding import evaluate
 from vlm_grpoma.models.registry import load_model
 from vlm_grpoma.models.tiny import build_tiny_model
-from vlm_grpoma.rewards import Completion
-from vlm_grpoma.rewards.base import build_rewards
-from vlm_grpoma.rollout.engine import SamplingParams
-from vlm_grpoma.rollout.hf import HFRolloutEngine
+from vlm_grpoma.trainer.loop import Trainer
+from vlm_grpoma.trainer.sft import SFTRun
 
-PROMPTS, THOUGHTS, ANSWERS = 4, 4, 4
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+
+
+@dataclass(frozen=True)
+class DemoPlan:
+    """Sizes of the demo; ``quick`` is a smoke-test version for the test suite."""
+
+    train_records: int = 2000
+    eval_records: int = 64
+    sft_steps: int = 700
+    grpo_steps: int = 60
+
+    @classmethod
+    def quick(cls) -> DemoPlan:
+        return cls(train_records=16, eval_records=4, sft_steps=3, grpo_steps=2)
+
+
+@dataclass
+class Stage:
+    name: str
+    iou: float
+    precision: float
+    format_rate: float
+    seconds_per_step: float | None
+
+
+def _evaluate(config: Config, model_dir: Path, records, name: str, seconds_per_step: float | None) -> Stage:
+    loaded = load_model(config.model.__class__(**{**config.model.__dict__, "name_or_path": str(model_dir)}))
+    report = evaluate(loaded.model.eval(), loaded.adapter, records, greedy=True, batch_size=16,
+                      rollout=config.rollout, overlays=0)
+    scalars = report.scalars()
+    return Stage(name, scalars["detection/mean_iou"], scalars["detection/precision@0.5"],
+                 scalars["detection/format_rate"], seconds_per_step)
+
+
+def _plot(sft_history, grpo_history, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    left.plot([m["sft/nll"] for m in sft_history], color="tab:blue")
+    left.set(title="SFT warm start", xlabel="step", ylabel="target NLL per token", yscale="log")
+    steps = range(1, len(grpo_history) + 1)
+    right.plot(steps, [m["reward/total_mean"] for m in grpo_history], label="total reward", color="tab:green")
+    right.plot(steps, [m["reward/iou_mean"] for m in grpo_history], label="IoU", color="tab:orange")
+    right.set(title="GRPO-MA (T4A4) from the SFT model", xlabel="step", ylabel="mean over K x M answers")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_demo(out: Path, plan: DemoPlan) -> list[Stage]:
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    model_dir = build_tiny_model("qwen2_5_vl", out / "model", seed=0, preset="small")
+    train = generate_shapes("detection", plan.train_records, out / "data", seed=0, split="train", config=EASY)
+    held_out = generate_shapes("detection", plan.eval_records, out / "eval", seed=1, split="test", config=EASY)
+    eval_records = read_records(held_out)
+    base = [f"data.train_path={train}", f"data.eval_path={held_out}"]
+    print(f"[demo] tiny Qwen2.5-VL + {plan.train_records} train / {plan.eval_records} held-out shapes records "
+          f"under {out} ({time.perf_counter() - start:.0f} s)", flush=True)
+
+    sft_config = load_config(DEMO_CONFIG, [*base, f"model.name_or_path={model_dir}", f"train.steps={plan.sft_steps}",
+                                           f"logging.output_dir={out / 'sft'}", "train.prompts_per_step=32",
+                                           "train.micro_batch_prompts=32", "optim.learning_rate=2e-3",
+                                           "optim.warmup_steps=50", "logging.progress_bar=false"])
+    stages = [_evaluate(sft_config, model_dir, eval_records, "untrained", None)]
+    print(f"[demo] SFT warm start: {plan.sft_steps} steps of 32 prompts", flush=True)
+    sft = SFTRun(sft_config)
+    sft_history = sft.train()
+    sft.engine.close()
+    sft_model = sft.final_model_dir
+    stages.append(_evaluate(sft_config, sft_model, eval_records, "after SFT",
+                            sum(m["time/step_s"] for m in sft_history) / len(sft_history)))
+
+    grpo_config = load_config(DEMO_CONFIG, [*base, f"model.name_or_path={sft_model}",
+                                            f"train.steps={plan.grpo_steps}", f"logging.output_dir={out / 'grpo'}"])
+    print(f"[demo] GRPO-MA T4A4: {plan.grpo_steps} steps of {grpo_config.train.prompts_per_step} prompts x 4 "
+          f"thoughts x 4 answers", flush=True)
+    trainer = Trainer(grpo_config)
+    grpo_history = trainer.train()
+    trainer.engine.close()
+    stages.append(_evaluate(grpo_config, trainer.final_model_dir, eval_records, "after GRPO-MA",
+                            sum(m["time/step_s"] for m in grpo_history) / len(grpo_history)))
+
+    plot = out / "reward_curve.png"
+    _plot(sft_history, grpo_history, plot)
+    print(f"\n{'stage':<14} {'held-out IoU':>12} {'P@0.5':>7} {'format':>7} {'s/step':>7}")
+    for s in stages:
+        per_step = "" if s.seconds_per_step is None else f"{s.seconds_per_step:7.2f}"
+        print(f"{s.name:<14} {s.iou:12.3f} {s.precision:7.3f} {s.format_rate:7.2f} {per_step:>7}")
+    first, last = grpo_history[0], grpo_history[-1]
+    print(f"\nGRPO-MA training reward {first['reward/total_mean']:.3f} -> {last['reward/total_mean']:.3f} "
+          f"(IoU {first['reward/iou_mean']:.3f} -> {last['reward/iou_mean']:.3f}); GSS@10 count "
+          f"{int(last['train/gss10_count'])}")
+    print(f"plot: {plot}; metrics: {out / 'grpo' / 'metrics.jsonl'}; models: {sft_model}, {trainer.final_model_dir}")
+    print(f"total {time.perf_counter() - start:.0f} s")
+    return stages
 
 
 def main(args: argparse.Namespace) -> int:
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    out = Path(args.out)
-    start = time.perf_counter()
-    model_dir = build_tiny_model("qwen2_5_vl", out / "model", seed=0, preset="small")
-    records = read_records(generate_shapes("detection", PROMPTS, out / "data", seed=0, config=EASY))
-    loaded = load_model(ModelConfig(name_or_path=str(model_dir), dtype="float32"))
-    model, adapter = loaded.model.eval(), loaded.adapter
-    print(f"built a tiny Qwen2.5-VL ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters) and "
-          f"{len(records)} shapes detection records under {out} ({time.perf_counter() - start:.1f} s)")
-
-    prompts = adapter.build_inputs(records)
-    params = SamplingParams(num_thoughts=THOUGHTS, answers_per_thought=ANSWERS, temperature=1.0,
-                            max_thought_tokens=48, max_answer_tokens=24, seed=0)
-    tick = time.perf_counter()
-    tree = HFRolloutEngine.for_adapter(model, adapter).sample(prompts, params)
-    rollout_s = time.perf_counter() - tick
-
-    completions, flat_records = [], []
-    for b, record in enumerate(records):
-        for k in range(THOUGHTS):
-            for m in range(ANSWERS):
-                thought, answer = tree.thought_texts[b][k], tree.answer_texts[b][k][m]
-                # Parse thought + answer: a real vocabulary can split the <answer> tag across the boundary.
-                completions.append(Completion(adapter.parse_answer(thought + answer, record), thought, answer))
-                flat_records.append(record)
-    result = build_rewards({"iou": 1.0, "format": 0.5}).score(completions, flat_records)
-    rewards = torch.tensor(result.total).view(PROMPTS, THOUGHTS, ANSWERS)
-    thought_adv, answer_adv = grpo_ma_advantages(rewards)
-
-    print(f"\nrollout T{THOUGHTS}A{ANSWERS}: {PROMPTS} prompts -> {rewards.numel()} answers in {rollout_s:.1f} s; "
-          f"thought lengths {tree.thought_lengths.float().mean():.1f} tokens (truncated "
-          f"{tree.thought_truncated.float().mean():.0%}), answers {tree.answer_lengths.float().mean():.1f} tokens")
-    print(f"\n{'prompt':<34} {'reward mean':>11} {'format':>7} {'IoU':>6}   thought advantages")
-    iou = torch.tensor(result.components["iou"]).view(PROMPTS, -1)
-    fmt = torch.tensor(result.components["format"]).view(PROMPTS, -1)
-    for b, record in enumerate(records):
-        advs = " ".join(f"{a:+.2f}" for a in thought_adv[b].tolist())
-        print(f"{record.prompt[:34]:<34} {rewards[b].mean():11.3f} {fmt[b].mean():7.2f} {iou[b].mean():6.3f}   {advs}")
-    print(f"\nanswer advantages: mean {answer_adv.mean():+.3f}, std {answer_adv.std():.3f}; failures: "
-          f"{dict(sorted(result.failures.items())) or 'none'}")
-    variance = thought_advantage_variance(rewards)
-    print(f"estimated thought-advantage variance from answer sampling: {variance.nanmean():.3f}")
-    print("\nThe model is untrained, so rewards are near 0 and most groups have zero advantage (nothing to learn "
-          "from yet).\nTraining — the SFT warm start and GRPO-MA updates on DeepSpeed — arrives with issue #5; "
-          f"this demo stops after the advantages. Total {time.perf_counter() - start:.1f} s.")
+    run_demo(Path(args.out), DemoPlan.quick() if args.quick else DemoPlan())
     return 0

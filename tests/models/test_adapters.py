@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -192,3 +193,12 @@ def test_load_model_uses_dtype_and_attention_from_config(tiny_model_dir):
     assert loaded.model.dtype == torch.bfloat16
     assert loaded.model.config._attn_implementation == "eager"
     assert loaded.adapter.model_type == "qwen2_5_vl"
+
+
+@pytest.mark.parametrize("prompt,lead", [("the red square", "Find the red square. Answer"),
+                                         ("Find the red square.", "Find the red square. Answer"),
+                                         ("Which shape is red?", "Which shape is red? Answer")])
+def test_sentences_are_kept_and_expressions_get_the_task_lead(tiny_model_dir, tmp_path, prompt, lead):
+    adapter = load_adapter(ModelConfig(name_or_path=str(tiny_model_dir("qwen2_vl"))))
+    record = replace(make_record(tmp_path), prompt=prompt)
+    assert adapter.messages(record)[1]["content"][1]["text"].startswith(lead)
