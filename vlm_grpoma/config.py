@@ -42,6 +42,9 @@ class ModelConfig:
     trust_remote_code: bool = False
     min_pixels: int = 56 * 56
     max_pixels: int = 448 * 448
+    #: "full": system instruction + detailed answer format (real checkpoints); "compact": a one-line instruction,
+    #: ~3x shorter prompts for tiny models that learn the format from SFT (the CPU demo).
+    prompt_style: Literal["full", "compact"] = "full"
     freeze_vision: bool = True
     gradient_checkpointing: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)

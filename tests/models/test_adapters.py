@@ -202,3 +202,15 @@ def test_sentences_are_kept_and_expressions_get_the_task_lead(tiny_model_dir, tm
     adapter = load_adapter(ModelConfig(name_or_path=str(tiny_model_dir("qwen2_vl"))))
     record = replace(make_record(tmp_path), prompt=prompt)
     assert adapter.messages(record)[1]["content"][1]["text"].startswith(lead)
+
+
+def test_compact_prompt_style_is_short_and_keeps_the_frame(tiny_model_dir, tmp_path):
+    path = str(tiny_model_dir("qwen2_5_vl"))
+    full = load_adapter(ModelConfig(name_or_path=path))
+    compact = load_adapter(ModelConfig(name_or_path=path, prompt_style="compact"))
+    record = make_record(tmp_path)
+    messages = compact.messages(record)
+    assert [m["role"] for m in messages] == ["user"]
+    assert messages[0]["content"][1]["text"] == "Find the red square. Think, then answer JSON boxes (112x84 pixels)."
+    (short,), (long,) = compact.build_inputs([record]), full.build_inputs([record])
+    assert len(short.input_ids) * 2 < len(long.input_ids)

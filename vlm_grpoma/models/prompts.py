@@ -53,7 +53,8 @@ class FrameSpec:
         )
 
 
-def task_instruction(record: Record, frame: FrameSpec, model_width: int, model_height: int) -> str:
+def task_instruction(record: Record, frame: FrameSpec, model_width: int, model_height: int,
+                     style: str = "full") -> str:
     """The user text for a record: what to do, the JSON shape to answer with, and the coordinate frame.
 
     A prompt that is already a sentence ("Find the red square.", ending in . ? or !) is used as written; a bare
@@ -64,4 +65,7 @@ def task_instruction(record: Record, frame: FrameSpec, model_width: int, model_h
     prompt = record.prompt.strip()
     lead = prompt if prompt.endswith((".", "?", "!")) else TASK_LEADS[record.task].format(prompt=prompt)
     kind = ANSWER_KIND_OF_TASK[record.task]
+    if style == "compact":
+        extent = f"{model_width}x{model_height} pixels" if frame.extent is None else f"0-{frame.extent}"
+        return f"{lead} Think, then answer JSON {kind.replace('_', ' ')} ({extent})."
     return f"{lead} Answer with {ANSWER_FORMATS[kind]}. {frame.describe(model_width, model_height)}"

@@ -73,7 +73,8 @@ def special_tokens(tokenizer: Any) -> SpecialTokens:
 class QwenVLAdapter:
     """Adapter for one Qwen-VL family around a loaded processor (see :class:`~vlm_grpoma.models.base.ModelAdapter`)."""
 
-    def __init__(self, family: QwenFamily, processor: Any, min_pixels: int, max_pixels: int) -> None:
+    def __init__(self, family: QwenFamily, processor: Any, min_pixels: int, max_pixels: int,
+                 prompt_style: str = "full") -> None:
         if min_pixels > max_pixels:
             raise ValueError(f"min_pixels ({min_pixels}) must not exceed max_pixels ({max_pixels})")
         self.family = family
@@ -82,6 +83,7 @@ class QwenVLAdapter:
         self.tokenizer = processor.tokenizer
         self.tokenizer.padding_side = "left"
         self.min_pixels, self.max_pixels = min_pixels, max_pixels
+        self.prompt_style = prompt_style
         self.tokens = special_tokens(self.tokenizer)
 
     # -- frames --------------------------------------------------------------------------------------------
@@ -103,13 +105,14 @@ class QwenVLAdapter:
 
     def messages(self, record: Record, image: Image.Image | None = None) -> list[dict[str, Any]]:
         frame = self.frame(record)
-        text = task_instruction(record, self.family.frame_spec, round(frame.model_width), round(frame.model_height))
+        text = task_instruction(record, self.family.frame_spec, round(frame.model_width), round(frame.model_height),
+                                self.prompt_style)
         visual: dict[str, Any] = {"type": "image", "image": image if image is not None else load_image(record),
                                   "min_pixels": self.min_pixels, "max_pixels": self.max_pixels}
-        return [
-            {"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]},
-            {"role": "user", "content": [visual, {"type": "text", "text": text}]},
-        ]
+        user = {"role": "user", "content": [visual, {"type": "text", "text": text}]}
+        if self.prompt_style == "compact":
+            return [user]
+        return [{"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]}, user]
 
     def build_inputs(self, records: Sequence[Record], images: Sequence[Image.Image] | None = None) -> list[PromptInputs]:
         from qwen_vl_utils import process_vision_info
