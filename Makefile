@@ -26,10 +26,11 @@ $(CACHE)/wheels/.dashscope: | $(STAMP)
 	touch $@
 
 # Mesa >= 25 lavapipe (CPU Vulkan) for SAPIEN rendering, unpacked into the cache; the system is not changed.
-# Where it cannot be fetched, rendering tests skip and say why; physics needs no Vulkan.
+# Where it cannot be fetched, rendering tests skip and say why (physics needs no Vulkan), and the next make
+# tries again: the stamp is written only after a successful fetch.
 $(CACHE)/mesa/.done: scripts/fetch_mesa.sh
 	bash scripts/fetch_mesa.sh $(CACHE)/mesa
-	touch $@
+	if [ ! -f $(CACHE)/mesa/FAILED ]; then touch $@; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check vlm_grpoma tests benchmarks

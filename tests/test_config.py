@@ -135,3 +135,16 @@ def test_console_script_exit_code(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().startswith("vlm-grpoma train: error: rollout.num_thoughts: must be >= 2")
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_shipped_configs_validate(path):
+    config = load_config(path)
+    validate(config, world_size=8 if "7b" in path.name else 1)
+
+
+def test_shared_prefix_pass_needs_a_4d_mask_capable_attention():
+    with pytest.raises(ConfigError, match=r"^train\.logprob_pass: 'shared' needs model\.attn_implementation sdpa"):
+        load_config(overrides=["model.attn_implementation=flash_attention_2"])
+    load_config(overrides=["model.attn_implementation=flash_attention_2", "train.logprob_pass=naive"])

@@ -114,6 +114,9 @@ class TrainConfig:
     steps: int = 100
     prompts_per_step: int = 8
     micro_batch_prompts: int = 1
+    #: "shared": image + prompt once per prompt and each thought once for its M answers (one packed row per
+    #: prompt, 4-D attention mask; needs sdpa or eager attention); "naive": one row per path (for debugging).
+    logprob_pass: Literal["shared", "naive"] = "shared"
 
 
 @dataclass
@@ -322,6 +325,9 @@ def validate(config: Config, world_size: int | None = None) -> None:
     _require(t.steps >= 1, "train.steps", f"must be >= 1, got {t.steps}")
     _require(t.prompts_per_step >= 1, "train.prompts_per_step", f"must be >= 1, got {t.prompts_per_step}")
     _require(t.micro_batch_prompts >= 1, "train.micro_batch_prompts", f"must be >= 1, got {t.micro_batch_prompts}")
+    _require(t.logprob_pass == "naive" or config.model.attn_implementation in ("sdpa", "eager"),
+             "train.logprob_pass", f"'shared' needs model.attn_implementation sdpa or eager (a 4-D attention mask), "
+             f"got {config.model.attn_implementation!r}; use train.logprob_pass=naive")
     _require(config.model.min_pixels <= config.model.max_pixels, "model.min_pixels",
              f"({config.model.min_pixels}) must not exceed model.max_pixels ({config.model.max_pixels})")
     _require(config.logging.log_every >= 1, "logging.log_every", f"must be >= 1, got {config.logging.log_every}")

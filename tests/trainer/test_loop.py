@@ -118,3 +118,19 @@ def test_repeated_updates_on_a_fixed_batch_raise_the_advantage_weighted_likeliho
         trainer._update(tree, rewards)
         values.append(weighted_likelihood())
     assert all(b > a for a, b in zip(values, values[1:])), values
+
+
+def test_shared_prefix_and_naive_passes_take_the_same_step(make_config, data_path, tmp_path):
+    runs = {}
+    for mode in ("shared", "naive"):
+        trainer = Trainer(make_config(*overrides(data_path, "train.steps=1", f"train.logprob_pass={mode}",
+                                                 f"logging.output_dir={tmp_path}/{mode}")))
+        metrics = trainer.train()[0]
+        runs[mode] = (parameters(trainer), metrics)
+    (shared, m_shared), (naive, m_naive) = runs["shared"], runs["naive"]
+    assert m_shared["train/grad_norm"] == pytest.approx(m_naive["train/grad_norm"], rel=1e-4)
+    for key in ("loss/total", "loss/policy", "reward/total_mean"):
+        assert m_shared[key] == pytest.approx(m_naive[key], abs=1e-6), key
+    # Adam's first step is ~lr * sign(g): only coordinates whose gradient is ~0 (rounding-level) may differ.
+    differing = sum(int(((shared[n] - naive[n]).abs() > 1e-6).sum()) for n in shared)
+    assert differing <= 1e-3 * sum(p.numel() for p in shared.values())

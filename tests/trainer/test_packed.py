@@ -138,3 +138,12 @@ def test_flash_attention_is_refused(tiny_model_dir, tmp_path):
     model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="4-D attention mask"):
         shared_prefix_log_probs(model, tree, [0], adapter.tokens)
+
+
+def test_gradient_checkpointing_matches_naive(tiny_model_dir, tmp_path):
+    """Checkpointed layers drop a KV cache (transformers sets ``cache=None``); the packed pass needs none."""
+    model, adapter = _load(tiny_model_dir, "qwen3_vl", lora=False)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    prompts = _prompts(adapter, tmp_path)
+    _assert_same(model, _ragged_tree(prompts, adapter.tokens, seed=3), [0, 2], adapter.tokens)

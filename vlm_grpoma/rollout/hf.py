@@ -53,7 +53,7 @@ class _Decoded:
     unfed: torch.Tensor
 
 
-def _rope_index_owner(model: torch.nn.Module) -> Any:
+def rope_index_owner(model: torch.nn.Module) -> Any:
     """The submodule computing Qwen-VL mRoPE positions (found through PEFT / DeepSpeed wrappers)."""
     for module in model.modules():
         if hasattr(module, "get_rope_index") and not hasattr(module, "lm_head"):
@@ -84,7 +84,7 @@ class HFRolloutEngine:
         self.tokens = tokens
         self.tokenizer = tokenizer
         self.reuse_prefix_cache = reuse_prefix_cache
-        self._rope = _rope_index_owner(model)
+        self._rope = rope_index_owner(model)
         self._stop_tables: dict[tuple[str, int], torch.Tensor] = {}
 
     @classmethod

@@ -34,6 +34,7 @@ from vlm_grpoma.rollout.hf import HFRolloutEngine
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.trainer.logging import reduce_metrics
 from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
+from vlm_grpoma.trainer.packed import shared_prefix_log_probs
 from vlm_grpoma.trainer.run import Run
 
 
@@ -99,8 +100,10 @@ class Trainer(Run):
         with self.engine.generation() as module:
             return HFRolloutEngine.for_adapter(module, self.adapter).sample(prompts, params)
 
-    def _log_probs(self, model, tree: RolloutTree, chunks: list[list[int]]) -> list[PathLogProbs]:
-        return [path_log_probs(model, tree, chunk, self.adapter.tokens) for chunk in chunks]
+    def _log_probs(self, model, tree: RolloutTree, chunk: list[int]) -> PathLogProbs:
+        """Thought and answer log-probs of a micro-batch through the configured pass (shared prefix or naive)."""
+        compute = shared_prefix_log_probs if self.config.train.logprob_pass == "shared" else path_log_probs
+        return compute(model, tree, chunk, self.adapter.tokens)
 
     def _update(self, tree: RolloutTree, rewards: torch.Tensor) -> tuple[dict[str, float], list[float]]:
         """μ policy epochs over the micro-batches; returns loss statistics and the epochs' gradient norms."""
@@ -116,14 +119,14 @@ class Trainer(Run):
         old = ref = None
         if algo.policy_epochs > 1:
             with torch.no_grad():
-                old = self._log_probs(self.engine.model, tree, chunks)
+                old = [self._log_probs(self.engine.model, tree, chunk) for chunk in chunks]
         if self.engine.has_reference:
             with self.engine.reference() as reference:
-                ref = self._log_probs(reference, tree, chunks)
+                ref = [self._log_probs(reference, tree, chunk) for chunk in chunks]
         stats, grad_norms = _UpdateStats(), []
         for _ in range(algo.policy_epochs):
             for index, chunk in enumerate(chunks):
-                logp = path_log_probs(self.engine.model, tree, chunk, self.adapter.tokens)
+                logp = self._log_probs(self.engine.model, tree, chunk)
                 device = logp.thought.device
                 parts = []
                 for kind, values, mask, adv, weights in (

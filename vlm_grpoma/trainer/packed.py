@@ -10,13 +10,16 @@ itself (causally); mRoPE positions come from the model's ``get_rope_index`` for 
 naive pass see. Each kept column's log-sum-exp is computed once, and a column may predict several targets
 (the last prompt token predicts every thought's first token, a thought's last token every answer's first).
 
-Why a packed row rather than a forward over the prompt whose KV cache (with grad) is expanded to K thoughts
-and then M answers: both compute each shared token once and both reproduce the naive numbers, but on CPU
-the packed row measured faster (``benchmarks/train_step.py`` and the issue #7 report: one forward with a
-dense mask against three forwards, the cache tensors repeated K·M times and padded thoughts/answers); it
-needs no cache object in the autograd graph and works unchanged under PEFT and DeepSpeed wrappers. The
-mask is dense ([b, 1, L, L]), so attention is quadratic in the packed length; the eager and SDPA
-implementations take it, FlashAttention does not.
+Why a packed row rather than design (a), a forward over the prompt whose KV cache (with grad) is expanded
+to K thoughts, continued, expanded to M answers and continued (prototyped, also exact to 1e-6 and equal in
+gradients): (1) under gradient checkpointing transformers drops the cache in every checkpointed layer
+(``cache=None``), so (a) silently scores answers without their prefix (measured: 0.28 nats off), while the
+packed row needs no cache; (2) memory: (a) repeats the prompt's keys/values K·M times in the graph, peak RSS
+growth measured 229 vs 422 MiB (T4A4) and 433 vs 686 MiB (T16A1) on the bench model with 256 image tokens;
+(3) time is within CPU noise of (a) there (T4A4 2.3 vs 2.7 s, T16A1 4.8 vs 4.8 s in one run; 2.1 vs 1.9 s
+in another). The cost: the mask is dense ([b, 1, L, L]), so attention is quadratic in the packed length
+and large K with short prompts favours (a) (tiny model T16A1: 0.62 vs 0.34 s). Eager and SDPA take the
+4-D mask; FlashAttention does not, and is refused.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from vlm_grpoma.models.base import SpecialTokens, collate
-from vlm_grpoma.rollout.hf import _rope_index_owner
+from vlm_grpoma.rollout.hf import rope_index_owner
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.trainer.logprobs import PathLogProbs
 
@@ -57,7 +60,7 @@ def pack(model: torch.nn.Module, tree: RolloutTree, prompt_indices: Sequence[int
     lt, la = tree.thought_ids.shape[-1], tree.answer_ids.shape[-1]
     prompts = [tree.prompts[b] for b in prompt_indices]
     head = collate(prompts, [p.input_ids.tolist() for p in prompts], range(len(prompts)), tokens)
-    prompt_pos, _ = _rope_index_owner(model).get_rope_index(
+    prompt_pos, _ = rope_index_owner(model).get_rope_index(
         input_ids=head["input_ids"], mm_token_type_ids=head["mm_token_type_ids"],
         image_grid_thw=head["image_grid_thw"], attention_mask=head["attention_mask"])
     next_pos = prompt_pos.amax(dim=(0, 2)) + 1  # [b]
@@ -84,7 +87,7 @@ def pack(model: torch.nn.Module, tree: RolloutTree, prompt_indices: Sequence[int
                 a_src[k, m, : len(answer)] = torch.arange(start_a - 1, start_a - 1 + len(answer))
                 a_src[k, m, 0] = start - 1 + len(thought)
                 ids += answer
-                pos += range(len(thought) + 1, len(thought) + 1 + len(answer))
+                pos += range(len(thought), len(thought) + len(answer))
                 thought_of += [k] * len(answer)
                 answer_of += [m] * len(answer)
         branches.append((ids, [p + int(next_pos[row]) for p in pos], thought_of, answer_of))

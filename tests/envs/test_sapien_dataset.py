@@ -1,0 +1,65 @@
+"""``make-data --source sapien``: rendered records for every task, consistent with the simulator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vlm_grpoma.answers import Boxes, ContactAction, Trajectory
+from vlm_grpoma.cli import CommandError
+from vlm_grpoma.datasets.jsonl import read_records
+from vlm_grpoma.datasets.schema import MaskRef
+from vlm_grpoma.datasets.synthetic import sapien as sapien_data
+from vlm_grpoma.envs.sapien.task import EpisodeSpec, execute
+from vlm_grpoma.envs.sapien.vulkan import rendering_status
+
+N = 3
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    ok, reason = rendering_status(in_process=True)
+    if not ok:
+        pytest.skip(f"Vulkan rendering unavailable: {reason}")
+    root = tmp_path_factory.mktemp("sapien-data")
+    return {task: read_records(sapien_data.generate(task, N, root / task, 11, "unseen"))
+            for task in ("manipulation", "affordance", "trajectory", "detection")}, root
+
+
+@pytest.mark.slow
+def test_records_are_grounded_in_the_same_scenes(datasets):
+    records, root = datasets
+    for i in range(N):
+        manip = records["manipulation"][i]
+        assert isinstance(manip.ground_truth, ContactAction) and manip.split == "unseen"
+        spec = EpisodeSpec.from_meta(manip.meta)
+        assert execute(spec, manip.ground_truth).success  # the ground truth really opens the object
+        image = Image.open(root / "manipulation" / manip.image)
+        assert image.size == (manip.width, manip.height)
+        x, y = (int(v) for v in manip.ground_truth.point)
+
+        afford = records["affordance"][i]
+        assert isinstance(afford.ground_truth, MaskRef) and EpisodeSpec.from_meta(afford.meta) == spec
+        mask = np.asarray(Image.open(root / "affordance" / afford.ground_truth.path))
+        assert mask.shape == (manip.height, manip.width) and 20 <= (mask > 0).sum() < mask.size // 4
+        near = mask[max(0, y - 2):y + 3, max(0, x - 2):x + 3]
+        assert near.any()  # the oracle's contact lies on the target region
+
+        traj = records["trajectory"][i].ground_truth
+        assert isinstance(traj, Trajectory) and len(traj.points) == sapien_data.TRAJECTORY_POINTS
+        assert np.allclose(traj.points[0], manip.ground_truth.point, atol=1e-3)
+        assert np.linalg.norm(np.subtract(traj.points[-1], traj.points[0])) > 5
+
+        boxes = records["detection"][i].ground_truth
+        assert isinstance(boxes, Boxes) and boxes.boxes
+        target = [b for b in boxes.boxes if b.x1 <= x <= b.x2 and b.y1 <= y <= b.y2]
+        assert any(b.label == spec.target_label for b in target)
+
+
+def test_bad_split_and_missing_renderer_are_clear(tmp_path, monkeypatch):
+    with pytest.raises(CommandError, match="not a SAPIEN split"):
+        sapien_data.generate("manipulation", 1, tmp_path, 0, "validation")
+    monkeypatch.setattr(sapien_data, "rendering_status", lambda in_process: (False, "no Vulkan ICD here"))
+    with pytest.raises(CommandError, match="no Vulkan ICD here"):
+        sapien_data.generate("detection", 1, tmp_path, 0, "train")

@@ -1,0 +1,142 @@
+"""SAPIEN-grounded datasets: rendered articulated objects as manipulation, affordance, trajectory and
+detection records (``vlm-grpoma make-data --source sapien``).
+
+Every record comes from one sampled episode (object instance, camera, target part; see
+``vlm_grpoma.envs.sapien.task``) and carries its spec in ``meta`` so it can be re-simulated. Splits:
+``train`` (seen categories, training instances), ``seen`` (seen categories, held-out instances) and
+``unseen`` (held-out categories). Ground truth, in original-image pixels:
+
+- manipulation: the oracle ContactAction (contact on the target part, pull direction from the joint);
+- affordance: ``masks/<id>.png``, the target part's handle (or the part itself when its handle shows
+  fewer than ``MIN_MASK_PIXELS``);
+- trajectory: the oracle contact point's projected path as the joint opens (to its limit or the image
+  border, ``TRAJECTORY_POINTS`` points);
+- detection: boxes of the visible movable parts, labelled by part (door, drawer, lid, screen).
+Images need a renderer: without one this fails with the reason instead of writing blank images.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from vlm_grpoma.answers import Box, Boxes, ContactAction, Trajectory
+from vlm_grpoma.cli import CommandError
+from vlm_grpoma.datasets.schema import TASKS, MaskRef, Record, record_to_json
+from vlm_grpoma.envs.sapien.camera import CameraSpec, handle_shape_ids, raycast, render
+from vlm_grpoma.envs.sapien.objects import DISPLAY_NAMES, joint_transform
+from vlm_grpoma.envs.sapien.scene import BuiltScene
+from vlm_grpoma.envs.sapien.task import EpisodeSpec, prepare, sample_split_episode
+from vlm_grpoma.envs.sapien.vulkan import rendering_status
+
+IMAGE_SIZE = 336
+MIN_MASK_PIXELS = 20
+TRAJECTORY_POINTS = 8
+SPLITS = ("train", "seen", "unseen")
+
+
+def generate(task: str, n: int, out_dir: Path, seed: int, split: str) -> Path:
+    """Write ``n`` records of ``task`` to ``out_dir/records.jsonl`` (+ images/, masks/); returns the path."""
+    if task not in TASKS:
+        raise CommandError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    if split not in SPLITS:
+        raise CommandError(f"--split {split!r} is not a SAPIEN split; choose train (seen categories, training "
+                           "instances), seen (held-out instances) or unseen (held-out categories)")
+    ok, reason = rendering_status(in_process=True)
+    if not ok:
+        raise CommandError(f"SAPIEN records need rendered images but rendering is unavailable: {reason}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "records.jsonl"
+    with path.open("w") as f:
+        for index in range(n):
+            spec, oracle = sample_split_episode(split, index, seed, width=IMAGE_SIZE, height=IMAGE_SIZE)
+            record = render_record(task, f"sapien-{task}-{split}-{seed}-{index:06d}", split, spec, oracle, out_dir)
+            f.write(json.dumps(record_to_json(record)) + "\n")
+    return path
+
+
+def render_record(task: str, record_id: str, split: str, spec: EpisodeSpec, oracle: ContactAction,
+                  out_dir: Path) -> Record:
+    """Render one episode to ``out_dir/images/<record_id>.png`` and build its ``task`` record."""
+    built = prepare(spec, render=True)
+    views = render(built, spec.camera)
+    image = f"images/{record_id}.png"
+    (out_dir / "images").mkdir(parents=True, exist_ok=True)
+    Image.fromarray(views.rgb).save(out_dir / image)
+    return _RECORD_MAKERS[task](record_id, image, split, spec, oracle, built, views, out_dir)
+
+
+def _name(spec: EpisodeSpec) -> str:
+    return DISPLAY_NAMES[spec.category]
+
+
+def _manipulation(record_id, image, split, spec, oracle, built, views, out_dir) -> Record:
+    prompt = (f"open the {_name(spec)} by pulling its {spec.target_label}; give the contact pixel and the "
+              "gripper's up and forward directions in the camera frame (x forward, y left, z up)")
+    return _record(record_id, image, "manipulation", prompt, split, oracle, spec)
+
+
+def _affordance(record_id, image, split, spec, oracle, built, views, out_dir) -> Record:
+    mask = views.mask(spec.target_link)
+    handle = mask & np.isin(views.shape_ids, list(handle_shape_ids(built, spec.target_link)))
+    what = spec.target_label
+    if handle.sum() >= MIN_MASK_PIXELS:
+        mask, what = handle, f"{spec.target_label} handle"
+    rel = f"masks/{record_id}.png"
+    (out_dir / "masks").mkdir(exist_ok=True)
+    Image.fromarray(mask.astype(np.uint8) * 255).save(out_dir / rel)
+    prompt = f"grasp the {what} of the {_name(spec)} to open it"
+    return _record(record_id, image, "affordance", prompt, split, MaskRef(rel), spec, {"region": what})
+
+
+def _trajectory(record_id, image, split, spec, oracle, built, views, out_dir) -> Record:
+    path = contact_path(built, spec.camera, spec, oracle)
+    prompt = f"pull the {spec.target_label} of the {_name(spec)} open from its grasp point; draw the grasp point's path"
+    return _record(record_id, image, "trajectory", prompt, split, Trajectory(path), spec)
+
+
+def _detection(record_id, image, split, spec, oracle, built, views, out_dir) -> Record:
+    boxes = []
+    for link in built.obj.movable:
+        ys, xs = np.nonzero(views.mask(link.name))
+        if len(xs) >= MIN_MASK_PIXELS:
+            boxes.append(Box(float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1), link.label))
+    prompt = f"every movable part of the {_name(spec)} (door, drawer, lid or screen)"
+    return _record(record_id, image, "detection", prompt, split, Boxes(tuple(boxes)), spec)
+
+
+def contact_path(built: BuiltScene, camera: CameraSpec, spec: EpisodeSpec, oracle: ContactAction) -> tuple:
+    """Pixels of the oracle contact point as the target joint opens from its initial position to its upper
+    limit, or until the point would leave the image, at ``TRAJECTORY_POINTS`` evenly spaced joint values."""
+    hit = raycast(built, camera, *oracle.point)
+    link = built.obj.link(spec.target_link)
+    q0 = spec.initial_qpos.get(link.name, 0.0)
+    rot0, trans0 = joint_transform(link.joint, q0)
+    rest = rot0.T @ (hit.point - trans0)  # the point on the part at joint position 0
+
+    def pixels(qs: np.ndarray) -> np.ndarray:
+        points = []
+        for q in qs:
+            rot, trans = joint_transform(link.joint, float(q))
+            points.append(rot @ rest + trans)
+        return camera.project(np.array(points))
+
+    dense = np.linspace(q0, link.joint.limits[1], 8 * TRAJECTORY_POINTS)
+    px = pixels(dense)
+    inside = (px[:, 0] >= 0) & (px[:, 0] <= camera.width) & (px[:, 1] >= 0) & (px[:, 1] <= camera.height)
+    last = int(np.argmin(inside)) - 1 if not inside.all() else len(dense) - 1
+    path = pixels(np.linspace(q0, dense[max(last, 1)], TRAJECTORY_POINTS))
+    return tuple((float(x), float(y)) for x, y in path)
+
+
+def _record(record_id, image, task, prompt, split, gt, spec: EpisodeSpec, extra: dict | None = None) -> Record:
+    return Record(record_id, image, task, prompt, spec.camera.width, spec.camera.height, gt, split,
+                  spec.to_meta() | (extra or {}))
+
+
+_RECORD_MAKERS = {"manipulation": _manipulation, "affordance": _affordance, "trajectory": _trajectory,
+                  "detection": _detection}

@@ -1,0 +1,115 @@
+"""URDF for articulated objects: emit our procedural objects, load any URDF (e.g. PartNet-Mobility's
+``mobility.urdf``) into a SAPIEN scene.
+
+Emitted link frames equal the joint frames ``scene.build_scene`` uses (x along the joint axis), so a scene
+loaded from the URDF matches one built directly. Loading strips ``<visual>`` elements unless rendering
+(visuals need a Vulkan device) and applies each joint's ``<dynamics friction>`` to the built joint, because
+SAPIEN's loader passes it to a builder argument that PhysX ignores. ``scene.build_urdf_scene`` turns a
+loaded URDF into parts and ``task.sample_urdf_episode`` samples episodes on it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+
+from vlm_grpoma.envs.sapien.objects import ArticulatedObject, Shape, link_frame, quat_to_matrix
+
+# SAPIEN turns a URDF cylinder (axis z) into its own (axis x) with this rotation about y; we undo it.
+_URDF_CYLINDER = np.array([[0.0, 0.0, -1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])  # Ry(-90 deg)
+
+
+def _rpy(rot: np.ndarray) -> tuple[float, float, float]:
+    """Roll, pitch, yaw with ``rot = Rz(yaw) Ry(pitch) Rx(roll)`` (URDF's convention)."""
+    pitch = math.asin(max(-1.0, min(1.0, -rot[2, 0])))
+    if abs(rot[2, 0]) < 1 - 1e-9:
+        return math.atan2(rot[2, 1], rot[2, 2]), pitch, math.atan2(rot[1, 0], rot[0, 0])
+    return math.atan2(-rot[1, 2], rot[1, 1]), pitch, 0.0
+
+
+def _origin(parent: ET.Element, pos: np.ndarray, rot: np.ndarray) -> None:
+    ET.SubElement(parent, "origin", xyz=" ".join(f"{v:.9g}" for v in pos),
+                  rpy=" ".join(f"{v:.9g}" for v in _rpy(rot)))
+
+
+def _geometry(parent: ET.Element, tag: str, shape: Shape, frame_rot: np.ndarray, frame_origin: np.ndarray) -> None:
+    element = ET.SubElement(parent, tag, name=shape.label)
+    rot = frame_rot.T @ quat_to_matrix(shape.quat)
+    pos = frame_rot.T @ (np.array(shape.pos) - frame_origin)
+    geometry = ET.Element("geometry")
+    if shape.kind == "box":
+        ET.SubElement(geometry, "box", size=" ".join(f"{2 * v:.9g}" for v in shape.size))
+    else:
+        rot = rot @ _URDF_CYLINDER
+        ET.SubElement(geometry, "cylinder", radius=f"{shape.size[0]:.9g}", length=f"{2 * shape.size[1]:.9g}")
+    _origin(element, pos, rot)
+    element.append(geometry)
+    if tag == "visual":
+        material = ET.SubElement(element, "material", name=f"rgb_{'_'.join(f'{c:.3f}' for c in shape.colour)}")
+        ET.SubElement(material, "color", rgba=" ".join(f"{c:.4g}" for c in (*shape.colour, 1.0)))
+
+
+def to_urdf(obj: ArticulatedObject) -> str:
+    """URDF text of an object: one link per part with collision and visual primitives, one joint per part."""
+    robot = ET.Element("robot", name=f"{obj.category}_{obj.seed}")
+    root = obj.links[0]
+    for link in obj.links:
+        element = ET.SubElement(robot, "link", name=link.name)
+        frame_rot, frame_origin = link_frame(link)
+        for shape in link.shapes:
+            _geometry(element, "visual", shape, frame_rot, frame_origin)
+            _geometry(element, "collision", shape, frame_rot, frame_origin)
+        if link.joint is not None:
+            j = link.joint
+            joint = ET.SubElement(robot, "joint", name=f"joint_{link.name}", type=j.type)
+            _origin(joint, frame_origin, frame_rot)
+            ET.SubElement(joint, "parent", link=root.name)
+            ET.SubElement(joint, "child", link=link.name)
+            ET.SubElement(joint, "axis", xyz="1 0 0")
+            ET.SubElement(joint, "limit", lower=f"{j.limits[0]:.9g}", upper=f"{j.limits[1]:.9g}", effort="1000",
+                          velocity="10")
+            ET.SubElement(joint, "dynamics", damping=f"{j.damping:.9g}", friction=f"{j.friction:.9g}")
+    ET.indent(robot)
+    return ET.tostring(robot, encoding="unicode")
+
+
+def strip_visuals(urdf: str) -> str:
+    """Remove ``<visual>`` elements (physics-only scenes have no renderer to take them)."""
+    return re.sub(r"<visual\b.*?</visual>|<visual\b[^>]*/>", "", urdf, flags=re.DOTALL)
+
+
+def joint_frictions(urdf: str) -> dict[str, float]:
+    """Child link name -> ``<dynamics friction>`` of its joint (0 where absent)."""
+    out = {}
+    for joint in ET.fromstring(urdf).iter("joint"):
+        child = joint.find("child")
+        dynamics = joint.find("dynamics")
+        if child is not None:
+            out[child.get("link")] = float(dynamics.get("friction", 0)) if dynamics is not None else 0.0
+    return out
+
+
+def load_articulation(scene, urdf_path: str | Path, *, render: bool, density: float = 1000.0):
+    """Load a URDF file as a fixed-root articulation (visuals stripped unless ``render``); returns it."""
+    path = Path(urdf_path)
+    text = path.read_text()
+    loader = scene.create_urdf_loader()
+    loader.fix_root_link = True
+    loader.set_density(density)
+    if render:
+        articulation = loader.load(str(path))
+    else:
+        # the stripped copy sits next to the original so relative mesh paths still resolve
+        with tempfile.NamedTemporaryFile("w", suffix=".urdf", dir=path.parent, delete=True) as f:
+            f.write(strip_visuals(text))
+            f.flush()
+            articulation = loader.load(f.name)
+    frictions = joint_frictions(text)
+    for joint in articulation.get_active_joints():
+        joint.set_friction(frictions.get(joint.child_link.name, 0.0))
+    return articulation
