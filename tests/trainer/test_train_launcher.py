@@ -16,7 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def launch(config: Path, *overrides: str, command: str = "train") -> subprocess.CompletedProcess:
-    env = {**os.environ, "CPU_RANKS": "2", "OMP_NUM_THREADS": "1", "COMMAND": command}
+    # Not the rendezvous variables of this pytest process's own (in-process) process group.
+    inherited = {k: v for k, v in os.environ.items()
+                 if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = {**inherited, "CPU_RANKS": "2", "OMP_NUM_THREADS": "1", "COMMAND": command}
     return subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(config), *overrides], env=env,
                           capture_output=True, text=True, timeout=600)
 
