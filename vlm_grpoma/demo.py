@@ -32,8 +32,8 @@ class DemoPlan:
 
     train_records: int = 2000
     eval_records: int = 64
-    sft_steps: int = 700
-    grpo_steps: int = 60
+    sft_steps: int = 600
+    grpo_steps: int = 100
 
     @classmethod
     def quick(cls) -> DemoPlan:
@@ -68,8 +68,13 @@ def _plot(sft_history, grpo_history, path: Path) -> None:
     left.plot([m["sft/nll"] for m in sft_history], color="tab:blue")
     left.set(title="SFT warm start", xlabel="step", ylabel="target NLL per token", yscale="log")
     steps = range(1, len(grpo_history) + 1)
-    right.plot(steps, [m["reward/total_mean"] for m in grpo_history], label="total reward", color="tab:green")
-    right.plot(steps, [m["reward/iou_mean"] for m in grpo_history], label="IoU", color="tab:orange")
+    for key, label, colour in (("reward/total_mean", "total reward", "tab:green"),
+                               ("reward/iou_mean", "IoU", "tab:orange")):
+        values = torch.tensor([m[key] for m in grpo_history])
+        window = min(10, len(values))
+        smooth = values.unfold(0, window, 1).mean(-1)
+        right.plot(steps, values, color=colour, alpha=0.3)
+        right.plot(range(window, len(values) + 1), smooth, color=colour, label=f"{label} ({window}-step mean)")
     right.set(title="GRPO-MA (T4A4) from the SFT model", xlabel="step", ylabel="mean over K x M answers")
     right.legend()
     fig.tight_layout()
