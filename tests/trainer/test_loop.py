@@ -58,7 +58,7 @@ def test_trains_k4_m4_with_finite_metrics_and_changes_weights(make_config, data_
     assert len(history) == 2 and trainer.step == 2
     for metrics in history:
         for key in ("reward/total_mean", "reward/test_answer_length_mean", "loss/total", "train/grad_norm",
-                    "train/gss", "time/rollout_s", "time/update_s", "lengths/thought_mean"):
+                    "train/gss", "time/rollout_s", "time/update_s", "lengths/thought_mean", "answers/parse_rate"):
             assert math.isfinite(metrics[key]), key
         assert metrics["train/skipped_steps"] == 0
     assert history[0]["train/gss"] == pytest.approx(1.0)
@@ -103,7 +103,7 @@ def test_repeated_updates_on_a_fixed_batch_raise_the_advantage_weighted_likeliho
     trainer = Trainer(make_config(*overrides(data_path, "optim.learning_rate=3e-3")))
     records = trainer.records[:4]
     tree = trainer._rollout(records)
-    _, rewards = score_tree(tree, records, trainer.adapter, trainer.rewards)
+    _, rewards, _ = score_tree(tree, records, trainer.adapter, trainer.rewards)
     assert rewards.std() > 0
     advantages = rewards - rewards.mean(dim=(1, 2), keepdim=True)
 

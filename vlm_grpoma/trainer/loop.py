@@ -24,6 +24,7 @@ from vlm_grpoma.algorithm import (
     policy_loss,
     thought_advantage_variance,
 )
+from vlm_grpoma.answers import ParseError
 from vlm_grpoma.cli import CommandError
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.schema import Record
@@ -43,8 +44,12 @@ def sampling_seed(seed: int, step: int, rank: int) -> int:
     return (seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**63 - 1)
 
 
-def score_tree(tree: RolloutTree, records: Sequence[Record], adapter, rewards) -> tuple[RewardResult, torch.Tensor]:
-    """Parse every answer (thought + answer text: a real vocabulary may split a tag across them) and score it."""
+def score_tree(tree: RolloutTree, records: Sequence[Record], adapter,
+               rewards) -> tuple[RewardResult, torch.Tensor, float]:
+    """Parse every answer (thought + answer text: a real vocabulary may split a tag across them) and score it.
+
+    Returns the reward result, the total rewards as ``[B, K, M]`` and the fraction of answers that parsed.
+    """
     b_count, k_count, m_count = tree.shape
     completions, owners = [], []
     for b, record in enumerate(records):
@@ -55,7 +60,8 @@ def score_tree(tree: RolloutTree, records: Sequence[Record], adapter, rewards) -
                 completions.append(Completion(adapter.parse_answer(thought + answer, record), thought, answer))
                 owners.append(record)
     result = rewards.score(completions, owners)
-    return result, torch.tensor(result.total, dtype=torch.float32).view(b_count, k_count, m_count)
+    parsed = sum(not isinstance(c.answer, ParseError) for c in completions) / max(len(completions), 1)
+    return result, torch.tensor(result.total, dtype=torch.float32).view(b_count, k_count, m_count), parsed
 
 
 @dataclass
@@ -165,7 +171,7 @@ class Trainer(Run):
         records = self.next_records()
         tree = self._rollout(records)
         rolled = time.perf_counter()
-        result, rewards = score_tree(tree, records, self.adapter, self.rewards)
+        result, rewards, parse_rate = score_tree(tree, records, self.adapter, self.rewards)
         scored = time.perf_counter()
         update, grad_norms = self._update(tree, rewards)
         updated = time.perf_counter()
@@ -177,6 +183,7 @@ class Trainer(Run):
             "reward/total_mean": float(values.mean()) if values.numel() else math.nan,
             "reward/total_sq_mean": float((values ** 2).mean()) if values.numel() else math.nan,
             "reward/non_finite": float((~finite).sum()),
+            "answers/parse_rate": parse_rate,
             "groups/zero_thought_variance": float((thought_values.amax(-1) == thought_values.amin(-1)).float().mean()),
             "variance/thought_adv_estimate": float(thought_advantage_variance(rewards).nanmean()),
             "lengths/thought_mean": float(tree.thought_lengths.float().mean()),
