@@ -166,8 +166,14 @@ def test_other_kinds_round_trip(adapter, tmp_path):
     back = adapter.parse_answer(adapter.format_answer(action, manip), manip)
     assert isinstance(back, ContactAction)
     assert abs(back.point[0] - 30) <= tol and abs(back.point[1] - 20) <= tol
-    # directions are not image coordinates: neither scaled nor rounded
+    # directions are not image coordinates: not scaled, only written to 3 decimals (re-normalised on parsing)
     assert back.up == pytest.approx(action.up) and back.forward == pytest.approx(action.forward)
+    odd = ContactAction((30.0, 20.0), (0.6182093644147664, 0.2691579050014417, 0.738492521238452),
+                        (-0.7667900963960164, 0.0, 0.6418979265186856))
+    text = adapter.format_answer(odd, manip)
+    assert '"up": [0.618, 0.269, 0.738]' in text and '"forward": [-0.767, 0.0, 0.642]' in text
+    back = adapter.parse_answer(text, manip)
+    assert back.up == pytest.approx(odd.up, abs=1e-3) and back.forward == pytest.approx(odd.forward, abs=1e-3)
 
 
 def test_malformed_answers_are_parse_errors(adapter, tmp_path):

@@ -8,10 +8,19 @@ class, which is all a ``QwenFamily`` holds.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from vlm_grpoma.answers import Answer, CoordinateFrame, ParseError, format_answer, map_xy, parse_answer
+from vlm_grpoma.answers import (
+    Answer,
+    ContactAction,
+    CoordinateFrame,
+    ParseError,
+    Vec3,
+    format_answer,
+    map_xy,
+    parse_answer,
+)
 from vlm_grpoma.datasets.images import load_image
 from vlm_grpoma.datasets.schema import ANSWER_KIND_OF_TASK, Record
 from vlm_grpoma.models.base import PromptInputs, SpecialTokens
@@ -68,6 +77,10 @@ def special_tokens(tokenizer: Any) -> SpecialTokens:
         think_close=encode(THINK_CLOSE),
         answer_close=encode(ANSWER_CLOSE),
     )
+
+
+def _rounded(direction: Vec3) -> Vec3:
+    return tuple(round(v, 3) for v in direction)  # type: ignore[return-value]
 
 
 class QwenVLAdapter:
@@ -143,5 +156,8 @@ class QwenVLAdapter:
         return parsed if isinstance(parsed, ParseError) else frame.to_pixels(parsed)
 
     def format_answer(self, answer: Answer, record: Record) -> str:
-        model = self.frame(record).from_pixels(answer)
-        return format_answer(map_xy(model, lambda x, y: (int(round(x)), int(round(y)))))
+        """Model-frame JSON: integer coordinates, unit directions to 3 decimals (short, learnable targets)."""
+        model = map_xy(self.frame(record).from_pixels(answer), lambda x, y: (int(round(x)), int(round(y))))
+        if isinstance(model, ContactAction):
+            model = replace(model, up=_rounded(model.up), forward=_rounded(model.forward))
+        return format_answer(model)
