@@ -39,7 +39,9 @@ def test_env_json_without_probes(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["packages"]["torch"] and report["packages"]["transformers"]
     assert report["devices"]["cpu_cores"] >= 1
-    assert "vllm" in report and "probes" not in report
+    assert "probes" not in report
+    assert report["vllm"]["known_good"]["vllm"].startswith("==")
+    assert isinstance(report["vllm"]["departures"], list) and report["vllm"]["status"]
 
 
 @pytest.mark.slow

@@ -91,13 +91,19 @@ def _deepspeed_ops() -> dict[str, object]:
     }
 
 
-def _vllm_status(cuda: bool) -> str:
+def _vllm_status(cuda: bool) -> dict[str, object]:
+    """Whether the vLLM backend can run here, its known-good stack, and how this environment departs from it."""
+    from vlm_grpoma.rollout.vllm import VLLM_STACK, stack_problems
+
     version = _version("vllm")
     if version is None:
-        return "not installed (optional GPU backend: pip install 'vlm-grpoma[vllm]' on a CUDA machine)"
-    if not cuda:
-        return f"{version} installed, but no CUDA device: the vLLM rollout backend needs a GPU"
-    return f"{version} installed, CUDA present"
+        status = "not installed (optional GPU backend: pip install 'vlm-grpoma[vllm]' on a CUDA machine)"
+    elif not cuda:
+        status = f"{version} installed, but no CUDA device: the vLLM rollout backend needs a GPU"
+    else:
+        status = f"{version} installed, CUDA present"
+    departures = stack_problems({name: _version(name) for name in VLLM_STACK})
+    return {"status": status, "known_good": VLLM_STACK, "departures": departures}
 
 
 def collect(probe: bool = True) -> dict[str, object]:
@@ -130,7 +136,10 @@ def _print_human(report: dict[str, object]) -> None:
     print("deepspeed ops:")
     for key, value in report["deepspeed_ops"].items():
         print(f"  {key:<22} {value}")
-    print(f"vllm: {report['vllm']}")
+    vllm = report["vllm"]
+    print(f"vllm: {vllm['status']}")
+    print(f"  known good: {', '.join(f'{name}{spec}' for name, spec in vllm['known_good'].items())}")
+    print(f"  departures: {'; '.join(vllm['departures']) or 'none'}")
     for name, result in report.get("probes", {}).items():
         print(f"{name:<22} {'OK  ' if result['ok'] else 'FAIL'} {result['detail']}")
 

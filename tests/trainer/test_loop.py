@@ -61,6 +61,8 @@ def test_trains_k4_m4_with_finite_metrics_and_changes_weights(make_config, data_
                     "train/gss", "time/rollout_s", "time/update_s", "lengths/thought_mean", "answers/parse_rate"):
             assert math.isfinite(metrics[key]), key
         assert metrics["train/skipped_steps"] == 0
+        # the transformers rollout samples from the policy being trained: its log-probs are the trainer's
+        assert metrics["rollout/logp_mismatch_mean"] < 1e-4
     assert history[0]["train/gss"] == pytest.approx(1.0)
     assert any(not torch.equal(before[n], after[n]) for n in before)
     lines = (trainer.config.logging.output_dir + "/metrics.jsonl")

@@ -25,13 +25,12 @@ from vlm_grpoma.algorithm import (
     thought_advantage_variance,
 )
 from vlm_grpoma.answers import ParseError
-from vlm_grpoma.cli import CommandError
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.rewards import Completion
 from vlm_grpoma.rewards.base import RewardResult, build_rewards
+from vlm_grpoma.rollout.backends import build_rollout_engine, logprob_mismatch, sync_weights
 from vlm_grpoma.rollout.engine import SamplingParams
-from vlm_grpoma.rollout.hf import HFRolloutEngine
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.trainer.logging import reduce_metrics
 from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
@@ -92,10 +91,9 @@ class Trainer(Run):
     """GRPO-MA: K thoughts x M answers per prompt, rewards, advantages, the clipped objective."""
 
     def __init__(self, config: Config, *, model: torch.nn.Module | None = None) -> None:
-        if config.rollout.backend != "hf":
-            raise CommandError("rollout.backend=vllm: the vLLM backend arrives with issue #9; use rollout.backend=hf")
         super().__init__(config, model=model)
         self.rewards = build_rewards(config.rewards.weights)
+        self.rollout = build_rollout_engine(config, self.engine, self.adapter, dist=self.dist)
 
     # -- one step ---------------------------------------------------------------------------------------------
 
@@ -103,8 +101,7 @@ class Trainer(Run):
         prompts = self.adapter.build_inputs(records)
         params = SamplingParams.from_config(self.config.rollout,
                                             sampling_seed(self.config.seed, self.step, self.dist.rank))
-        with self.engine.generation() as module:
-            return HFRolloutEngine.for_adapter(module, self.adapter).sample(prompts, params)
+        return self.rollout.sample(prompts, params)
 
     def _log_probs(self, model, tree: RolloutTree, chunk: list[int]) -> PathLogProbs:
         """Thought and answer log-probs of a micro-batch through the configured pass (shared prefix or naive)."""
@@ -129,10 +126,13 @@ class Trainer(Run):
         if self.engine.has_reference:
             with self.engine.reference() as reference:
                 ref = [self._log_probs(reference, tree, chunk) for chunk in chunks]
-        stats, grad_norms = _UpdateStats(), []
-        for _ in range(algo.policy_epochs):
+        stats, grad_norms, mismatch = _UpdateStats(), [], []
+        for epoch in range(algo.policy_epochs):
             for index, chunk in enumerate(chunks):
                 logp = self._log_probs(self.engine.model, tree, chunk)
+                if epoch == 0:  # the policy that sampled the tree: its log-probs should match the rollout's
+                    mismatch += [(logp.thought, tree.thought_logprobs[chunk], tree.thought_mask[chunk]),
+                                 (logp.answer, tree.answer_logprobs[chunk], tree.answer_mask[chunk])]
                 device = logp.thought.device
                 parts = []
                 for kind, values, mask, adv, weights in (
@@ -154,6 +154,7 @@ class Trainer(Run):
                           kl_tokens=sum(float(p.kl) * p.tokens for p in parts),
                           clipped_tokens=sum(float(p.clip_fraction) * p.tokens for p in parts), tokens=tokens)
             result = self.engine.step()
+            sync_weights(self.rollout, self.engine)
             grad_norms.append(result.grad_norm)
             stats.add(skipped=float(result.skipped), learning_rate=result.learning_rate)
         epochs = algo.policy_epochs
@@ -163,7 +164,8 @@ class Trainer(Run):
                  "loss/clip_fraction": s["clipped_tokens"] / max(s["tokens"], 1),
                  "train/skipped_steps": s["skipped"], "train/learning_rate": s["learning_rate"] / epochs,
                  "adv/thought_abs_mean": float(thought_adv.abs().mean()),
-                 "adv/answer_abs_mean": float(answer_adv.abs().mean())}, grad_norms)
+                 "adv/answer_abs_mean": float(answer_adv.abs().mean()),
+                 **logprob_mismatch(mismatch).metrics()}, grad_norms)
 
     def train_step(self) -> dict[str, float]:
         """Run one training step on this rank's share of the prompts; returns the metrics (all ranks)."""

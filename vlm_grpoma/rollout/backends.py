@@ -1,0 +1,121 @@
+"""Choosing the rollout backend from the config, keeping it in step with the trained weights, and measuring
+how far its log-probs drift from the trainer's.
+
+``build_rollout_engine`` returns a :class:`~vlm_grpoma.rollout.engine.RolloutEngine` for ``rollout.backend``:
+``hf`` samples from the live training module (ZeRO-3 parameters gathered around each rollout), ``vllm`` builds
+a colocated vLLM engine (GPU only; imported lazily, so this module loads everywhere). The trainer calls
+``sync_weights`` after every optimizer step; it is a no-op for ``hf``.
+
+Training/inference mismatch. A rollout engine's recorded log-probs ``q_t`` and the trainer's teacher-forced
+``p_t`` for the same tokens differ by kernel and precision effects (large for vLLM in bf16, ~0 for ``hf``).
+``logprob_mismatch`` reports ``mean |p_t - q_t|`` over real tokens; the trainer logs it every step. (A
+TRL-style truncated importance-sampling correction for vLLM rollouts is not wired in yet: issue #9.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from vlm_grpoma.config import Config
+from vlm_grpoma.models.base import PromptInputs
+from vlm_grpoma.rollout.engine import RolloutEngine, SamplingParams
+from vlm_grpoma.rollout.hf import HFRolloutEngine
+from vlm_grpoma.rollout.tree import RolloutTree
+
+
+@dataclass
+class GatheredHFRollout:
+    """The transformers backend on a DeepSpeed :class:`~vlm_grpoma.trainer.engine.TrainingEngine`: each rollout
+    runs inside ``training.generation()`` (eval mode, no grad, ZeRO-3 parameters gathered on all ranks)."""
+
+    training: Any
+    adapter: Any
+
+    def sample(self, prompts: Sequence[PromptInputs], params: SamplingParams) -> RolloutTree:
+        with self.training.generation() as module:
+            return HFRolloutEngine.for_adapter(module, self.adapter).sample(prompts, params)
+
+
+def _module(model: Any) -> torch.nn.Module:
+    return model if isinstance(model, torch.nn.Module) else model.module
+
+
+def build_rollout_engine(config: Config, model: Any, adapter: Any, *, dist: Any = None,
+                         vllm_options: Any = None) -> RolloutEngine:
+    """The backend named by ``config.rollout.backend`` for ``model`` (a TrainingEngine or a plain module).
+
+    ``vllm``: needs CUDA and vLLM (one actionable error line otherwise); the engine is built from
+    ``config.model.name_or_path`` in the training dtype and then loaded with ``model``'s current weights, so a
+    resumed or SFT-initialised policy samples with its own weights. ``vllm_options``: a
+    :class:`~vlm_grpoma.rollout.vllm.VLLMOptions` (default: its defaults; ``dtype="auto"`` means the training
+    module's dtype).
+    """
+    backend = config.rollout.backend
+    if backend == "hf":
+        if isinstance(model, torch.nn.Module):
+            return HFRolloutEngine.for_adapter(model, adapter)
+        return GatheredHFRollout(model, adapter)
+    if backend == "vllm":
+        from vlm_grpoma.rollout.vllm import VLLMOptions, VLLMRolloutEngine, import_vllm
+
+        import_vllm()
+        options = vllm_options or VLLMOptions()
+        if options.dtype == "auto":  # vLLM's "auto" turns a float32 config into float16: use the training dtype
+            options = replace(options, dtype=str(next(_module(model).parameters()).dtype).removeprefix("torch."))
+        engine = VLLMRolloutEngine.create(config.model.name_or_path, adapter, options, seed=config.seed,
+                                          dist=dist if dist is not None else getattr(model, "dist", None),
+                                          trust_remote_code=config.model.trust_remote_code)
+        sync_weights(engine, model)
+        return engine
+    raise ValueError(f"rollout.backend: unknown backend {backend!r}; expected hf or vllm")
+
+
+def sync_weights(engine: RolloutEngine, model: Any) -> int:
+    """Copy ``model``'s weights (LoRA merged, ZeRO-3 gathered) into a vLLM engine; 0 for other backends.
+
+    Call on every rank after each optimizer step. Returns the number of engine parameters written.
+    """
+    from vlm_grpoma.rollout.vllm import VLLMRolloutEngine, merged_weights
+
+    if not isinstance(engine, VLLMRolloutEngine):
+        return 0
+    if isinstance(model, torch.nn.Module):
+        return engine.load_weights(merged_weights(model))
+    with model.generation() as module:
+        return engine.load_weights(merged_weights(module))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training/inference mismatch
+
+
+@dataclass(frozen=True)
+class LogProbMismatch:
+    """``mean_abs`` / ``max_abs`` of ``trainer - rollout`` log-probs over ``tokens`` real tokens."""
+
+    mean_abs: float
+    max_abs: float
+    tokens: int
+
+    def metrics(self, prefix: str = "rollout/logp_mismatch") -> dict[str, float]:
+        return {f"{prefix}_mean": self.mean_abs, f"{prefix}_max": self.max_abs}
+
+
+def logprob_mismatch(pairs: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> LogProbMismatch:
+    """Mismatch over ``(trainer_logp, rollout_logp, mask)`` triples of matching shapes (e.g. the thought and
+    the answer tensors of a micro-batch: ``PathLogProbs.thought`` vs ``tree.thought_logprobs[chunk]``)."""
+    diffs = []
+    for trainer, rollout, mask in pairs:
+        if trainer.shape != rollout.shape or trainer.shape != mask.shape:
+            raise ValueError(f"log-prob shapes differ: trainer {tuple(trainer.shape)}, rollout "
+                             f"{tuple(rollout.shape)}, mask {tuple(mask.shape)}")
+        mask = mask.to(trainer.device, torch.bool)
+        diffs.append((trainer.detach().float() - rollout.to(trainer.device).float())[mask].abs())
+    flat = torch.cat(diffs) if diffs else torch.zeros(0)
+    if flat.numel() == 0:
+        return LogProbMismatch(0.0, 0.0, 0)
+    return LogProbMismatch(float(flat.mean()), float(flat.max()), int(flat.numel()))
