@@ -148,3 +148,10 @@ def test_shared_prefix_pass_needs_a_4d_mask_capable_attention():
     with pytest.raises(ConfigError, match=r"^train\.logprob_pass: 'shared' needs model\.attn_implementation sdpa"):
         load_config(overrides=["model.attn_implementation=flash_attention_2"])
     load_config(overrides=["model.attn_implementation=flash_attention_2", "train.logprob_pass=naive"])
+
+
+def test_reward_options_are_typed_and_must_name_a_weighted_reward():
+    config = load_config(overrides=["rewards.options={iou: {mode: giou, threshold: 0.5}}"])
+    assert config.rewards.options == {"iou": {"mode": "giou", "threshold": 0.5}}
+    with pytest.raises(ConfigError, match=r"^rewards\.options\.trajectory: options for a reward that is not in"):
+        load_config(overrides=["rewards.options={trajectory: {num_points: 8}}"])

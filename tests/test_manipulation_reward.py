@@ -47,7 +47,7 @@ def test_scores_oracle_random_and_malformed(reward):
     assert set(result.components) == set(COMPONENTS)
     assert result.components["success"] == result.total
     assert result.components["joint_progress"][0] > 0.05 and result.components["joint_progress"][1] == 0
-    assert result.components["on_movable_part"] == [1.0, 0.0, 0.0, 0.0, 1.0]
+    assert result.components["executed"] == [1.0, 0.0, 0.0, 0.0, 1.0]
     assert result.failures == {"off_object": 1, "no_answer_tag": 1, "wrong_answer_type": 1}
 
 

@@ -59,6 +59,9 @@ def _manip_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--episodes", type=int, default=100)
     p.add_argument("--out", required=True, help="result JSON path")
     p.add_argument("--checkpoint", default="", help="model checkpoint (for --policy model)")
+    p.add_argument("--config", default=None,
+                   help="the run config the checkpoint was trained with (model pixel bounds, prompt style, budgets)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of --config")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=0, help="simulator processes (0 = one per core)")
 

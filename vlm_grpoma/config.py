@@ -54,7 +54,9 @@ class ModelConfig:
 class DataConfig:
     train_path: str = ""
     eval_path: str = ""
+    #: training uses only the records of this task and split (converters may write several splits to one file)
     task: Literal["detection", "affordance", "trajectory", "manipulation"] = "detection"
+    train_split: str = "train"
     skip_bad_records: bool = False
     shuffle: bool = True
 
@@ -94,6 +96,8 @@ class RewardConfig:
     """Reward functions by registered name, each with its weight in the total reward."""
 
     weights: dict[str, float] = field(default_factory=lambda: {"iou": 1.0, "format": 0.5})
+    #: constructor options per reward, e.g. {iou: {mode: giou}, manipulation: {workers: 2, timeout_s: 5}}
+    options: dict[str, dict[str, bool | int | float | str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -319,6 +323,9 @@ def validate(config: Config, world_size: int | None = None) -> None:
     _require(a.thought_loss_weight >= 0, "algorithm.thought_loss_weight", f"must be >= 0, got {a.thought_loss_weight}")
     _require(a.policy_epochs >= 1, "algorithm.policy_epochs", f"must be >= 1, got {a.policy_epochs}")
     _require(bool(config.rewards.weights), "rewards.weights", "needs at least one reward function")
+    for name in config.rewards.options:
+        _require(name in config.rewards.weights, f"rewards.options.{name}",
+                 f"options for a reward that is not in rewards.weights ({', '.join(config.rewards.weights)})")
     _require(o.learning_rate > 0, "optim.learning_rate", f"must be > 0, got {o.learning_rate}")
     _require(o.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
     _require(o.max_grad_norm >= 0, "optim.max_grad_norm", f"must be >= 0 (0 disables clipping), got {o.max_grad_norm}")

@@ -390,11 +390,11 @@ def generate_predictions(model: Any, adapter: Any, records: Sequence[Record], pa
     for start in range(0, len(records), batch_size):
         chunk = records[start:start + batch_size]
         tree = engine.sample(adapter.build_inputs(chunk), replace(params, seed=params.seed + start))
+        completions = tree.completions()  # thought + answer: a real vocabulary can split a tag across them
         for b, record in enumerate(chunk):
             for k in range(params.num_thoughts):
-                text = tree.answer_texts[b][k][0]
-                answer = adapter.parse_answer(text, record)
-                out.append(Prediction(record, k, tree.thought_texts[b][k], text, answer))
+                answer = adapter.parse_answer(completions[b][k][0], record)
+                out.append(Prediction(record, k, tree.thought_texts[b][k], tree.answer_texts[b][k][0], answer))
     return out
 
 
@@ -404,7 +404,7 @@ def evaluate(model: Any, adapter: Any, records: Sequence[Record], *, greedy: boo
     """Run the model over ``records`` and score it; with ``out_dir`` also write the report files.
 
     ``rollout`` supplies the token budgets and, for sampled decoding, temperature / top-p / top-k (defaults:
-    :class:`RolloutConfig`). The trainer calls this in-process for periodic evaluation.
+    :class:`RolloutConfig`). The demo calls it in-process after each stage.
     """
     for record in records:
         if record.task not in SCORERS:

@@ -22,6 +22,7 @@ import numpy as np
 
 from vlm_grpoma.answers import ContactAction, ParseError
 from vlm_grpoma.cli import CommandError
+from vlm_grpoma.config import Config, ModelConfig
 from vlm_grpoma.envs.sapien.camera import render
 from vlm_grpoma.envs.sapien.pool import SimPool
 from vlm_grpoma.envs.sapien.task import EpisodeSpec, Outcome, prepare
@@ -71,15 +72,18 @@ def summarise(policy: str, split: str, seed: int, specs: list[EpisodeSpec], acti
     }
 
 
-def model_actions(checkpoint: str, split: str, seed: int, sampled: list, image_dir: Path) -> list:
+def model_actions(checkpoint: str, split: str, seed: int, sampled: list, image_dir: Path,
+                  config: Config | None = None) -> list:
     """Greedy ContactAction (or ParseError) of a checkpoint for each episode, from its rendered image, through
-    the model adapter and the transformers rollout engine (the same path as training and grounding eval)."""
+    the model adapter and the transformers rollout engine (the same path as training and grounding eval).
+
+    ``config``: the run config the checkpoint was trained with — its model settings (pixel bounds, prompt
+    style, which fix the coordinate frame) and rollout budgets; defaults otherwise."""
     if not checkpoint or not Path(checkpoint).is_dir():
         raise CommandError(f"--policy model needs --checkpoint DIR (a Hugging Face model folder), got {checkpoint!r}")
     ok, reason = rendering_status(in_process=True)
     if not ok:
         raise CommandError(f"--policy model needs rendered images but rendering is unavailable: {reason}")
-    from vlm_grpoma.config import ModelConfig, RolloutConfig
     from vlm_grpoma.datasets.synthetic.sapien import render_record
     from vlm_grpoma.eval.grounding import generate_predictions, sampling_params
     from vlm_grpoma.models.registry import load_model
@@ -87,22 +91,23 @@ def model_actions(checkpoint: str, split: str, seed: int, sampled: list, image_d
     records = [render_record("manipulation", f"manip-eval-{split}-{seed}-{i:06d}", split, spec, oracle, image_dir)
                for i, (spec, oracle) in enumerate(sampled)]
     records = [replace(r, image=str(image_dir / r.image)) for r in records]
-    loaded = load_model(ModelConfig(name_or_path=checkpoint, dtype="float32"))
+    config = config or Config(model=ModelConfig(dtype="float32"))
+    loaded = load_model(replace(config.model, name_or_path=checkpoint))
     loaded.model.eval()
     predictions = generate_predictions(loaded.model, loaded.adapter, records,
-                                       sampling_params(RolloutConfig(), True, 1, seed))
+                                       sampling_params(config.rollout, True, 1, seed))
     return [p.answer for p in predictions]
 
 
 def evaluate(policy: str, split: str, episodes: int, seed: int, workers: int, checkpoint: str = "",
-             image_dir: Path | None = None) -> tuple[dict, list]:
+             image_dir: Path | None = None, config: Config | None = None) -> tuple[dict, list]:
     """Sample, act, execute; returns the result dict and the (spec, action, outcome) triples. An answer the
     model got wrong in form is a failed episode with reason ``parse:<reason>``."""
     with SimPool(workers) as pool:
         sampled = sample_episodes(pool, split, episodes, seed)
         specs = [spec for spec, _ in sampled]
         if policy == "model":
-            actions = model_actions(checkpoint, split, seed, sampled, image_dir or Path("manip-eval-images"))
+            actions = model_actions(checkpoint, split, seed, sampled, image_dir or Path("manip-eval-images"), config)
         else:
             actions = [oracle if policy == "oracle" else random_action(spec, seed, i)
                        for i, (spec, oracle) in enumerate(sampled)]
@@ -135,7 +140,8 @@ def main(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     out = Path(args.out)
     result, triples = evaluate(args.policy, args.split, args.episodes, args.seed, args.workers,
-                               checkpoint=args.checkpoint, image_dir=out.with_name(out.stem + "_images"))
+                               checkpoint=args.checkpoint, image_dir=out.with_name(out.stem + "_images"),
+                               config=getattr(args, "config_obj", None))
     result["seconds"] = round(time.perf_counter() - start, 2)
     out.parent.mkdir(parents=True, exist_ok=True)
     grid = render_grid(triples, out.with_suffix(".png"))

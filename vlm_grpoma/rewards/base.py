@@ -96,11 +96,26 @@ class WeightedRewards:
             failures.update({f"{name}/{key}": count for key, count in result.failures.items()})
         return RewardResult(total, components, failures)
 
+    def close(self) -> None:
+        """Release what rewards hold (e.g. the SAPIEN worker pool of ``manipulation``)."""
+        for _, reward in self.rewards.values():
+            if hasattr(reward, "close"):
+                reward.close()
+
 
 def build_rewards(weights: dict[str, float], options: dict[str, dict] | None = None) -> WeightedRewards:
-    """Build every reward named in ``weights`` (with optional constructor options per name)."""
+    """Build every reward named in ``weights`` (with optional constructor options per name).
+
+    An unknown name or a bad option raises ``ValueError`` naming the config key."""
     built = {}
     for name, weight in weights.items():
         _ensure_registered(name)
-        built[name] = (weight, build_reward(name, **(options or {}).get(name, {})))
+        kwargs = (options or {}).get(name, {})
+        try:
+            built[name] = (weight, build_reward(name, **kwargs))
+        except KeyError as err:
+            raise ValueError(f"rewards.weights.{name}: {err.args[0]} (others register when their module "
+                             f"vlm_grpoma.rewards.<name> is imported, e.g. manipulation)") from None
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"rewards.options.{name}: {err}") from None
     return WeightedRewards(built)

@@ -5,7 +5,8 @@ primitive, initial joint state; see ``vlm_grpoma.envs.sapien.task``), so every o
 answers is executed on the same object from the same view. ``total`` is success (0/1, ManipLLM's rule);
 components, for analysis: ``success``, ``joint_progress`` (|dq| / joint range, clipped to [0, 1]),
 ``direction`` (cosine of the contact point's motion with the pull direction, clipped at 0) and
-``on_movable_part`` (the contact pixel hit a movable part). A malformed answer scores 0 and is counted in
+``executed`` (the action ran to the end: its pixel hit a movable part and no step limit, timeout or
+physics blow-up stopped it). A malformed answer scores 0 and is counted in
 ``failures`` under its parse reason; simulator failures are counted under their outcome reason.
 """
 
@@ -17,16 +18,16 @@ from collections.abc import Sequence
 
 from vlm_grpoma.answers import ContactAction, ParseError
 from vlm_grpoma.datasets.schema import Record
-from vlm_grpoma.envs.sapien.pool import SimPool
+from vlm_grpoma.envs.sapien.pool import HARD_DEADLINE_SLACK_S, SimPool
 from vlm_grpoma.envs.sapien.task import EpisodeSpec, ExecConfig, Outcome
 from vlm_grpoma.rewards.base import Completion, RewardResult, register_reward
 
-COMPONENTS = ("success", "joint_progress", "direction", "on_movable_part")
+COMPONENTS = ("success", "joint_progress", "direction", "executed")
 
 
 @register_reward("manipulation")
 class ManipulationReward:
-    """``ManipulationReward(workers=0, timeout_s=10.0, max_steps=400)``; workers 0 = one per core."""
+    """``ManipulationReward(workers=0, timeout_s=10.0, max_steps=400)``; workers 0 = this rank's share of cores."""
 
     name = "manipulation"
 
@@ -38,7 +39,7 @@ class ManipulationReward:
     @property
     def pool(self) -> SimPool:
         if self._pool is None:
-            self._pool = SimPool(self.workers)
+            self._pool = SimPool(self.workers, job_deadline_s=self.config.timeout_s + HARD_DEADLINE_SLACK_S)
             weakref.finalize(self, self._pool.close)
         return self._pool
 
@@ -82,5 +83,5 @@ def _components(outcome: Outcome) -> dict[str, float]:
         "success": float(outcome.success),
         "joint_progress": outcome.progress,
         "direction": max(0.0, outcome.direction_cos),
-        "on_movable_part": float(executed),
+        "executed": float(executed),
     }

@@ -40,7 +40,7 @@ class RolloutTree:
     thought_mask: torch.Tensor  # [B, K, Lt] bool
     thought_logprobs: torch.Tensor  # [B, K, Lt] float
     thought_finish: list[list[FinishReason]]  # [B][K]
-    thought_texts: list[list[str]]  # [B][K], special tokens kept (the tags are plain text)
+    thought_texts: list[list[str]]  # [B][K], decoded without special tokens (the think/answer tags are plain text)
     answer_ids: torch.Tensor  # [B, K, M, La] long
     answer_mask: torch.Tensor  # [B, K, M, La] bool
     answer_logprobs: torch.Tensor  # [B, K, M, La] float

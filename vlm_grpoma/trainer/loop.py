@@ -25,6 +25,7 @@ from vlm_grpoma.algorithm import (
     thought_advantage_variance,
 )
 from vlm_grpoma.answers import ParseError
+from vlm_grpoma.cli import CommandError
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.rewards import Completion
@@ -50,13 +51,13 @@ def score_tree(tree: RolloutTree, records: Sequence[Record], adapter,
     Returns the reward result, the total rewards as ``[B, K, M]`` and the fraction of answers that parsed.
     """
     b_count, k_count, m_count = tree.shape
+    texts = tree.completions()
     completions, owners = [], []
     for b, record in enumerate(records):
         for k in range(k_count):
-            thought = tree.thought_texts[b][k]
             for m in range(m_count):
-                answer = tree.answer_texts[b][k][m]
-                completions.append(Completion(adapter.parse_answer(thought + answer, record), thought, answer))
+                answer = adapter.parse_answer(texts[b][k][m], record)
+                completions.append(Completion(answer, tree.thought_texts[b][k], tree.answer_texts[b][k][m]))
                 owners.append(record)
     result = rewards.score(completions, owners)
     parsed = sum(not isinstance(c.answer, ParseError) for c in completions) / max(len(completions), 1)
@@ -91,9 +92,18 @@ class Trainer(Run):
     """GRPO-MA: K thoughts x M answers per prompt, rewards, advantages, the clipped objective."""
 
     def __init__(self, config: Config, *, model: torch.nn.Module | None = None) -> None:
+        try:  # before any model is loaded: a misspelt reward fails in a second
+            self.rewards = build_rewards(config.rewards.weights, config.rewards.options)
+        except ValueError as err:
+            raise CommandError(str(err)) from None
         super().__init__(config, model=model)
-        self.rewards = build_rewards(config.rewards.weights)
         self.rollout = build_rollout_engine(config, self.engine, self.adapter, dist=self.dist)
+
+    def train(self) -> list[dict[str, float]]:
+        try:
+            return super().train()
+        finally:
+            self.rewards.close()
 
     # -- one step ---------------------------------------------------------------------------------------------
 

@@ -126,7 +126,8 @@ def pack(model: torch.nn.Module, tree: RolloutTree, prompt_indices: Sequence[int
 def shared_prefix_log_probs(model: torch.nn.Module, tree: RolloutTree, prompt_indices: Sequence[int],
                             tokens: SpecialTokens) -> PathLogProbs:
     """Log-probs (with grad if enabled) of the thoughts and answers of ``prompt_indices``, one packed forward."""
-    attn = getattr(model.config, "_attn_implementation", "sdpa")
+    module = getattr(model, "module", model)  # a DeepSpeed engine's .config is its own JSON, not the model's
+    attn = getattr(module.config, "_attn_implementation", "sdpa")
     if attn not in MASKABLE_ATTENTION:
         raise ValueError(f"shared-prefix log-probs need a 4-D attention mask; attn_implementation {attn!r} does "
                          f"not take one (use one of {', '.join(MASKABLE_ATTENTION)}, or the naive pass)")

@@ -3,6 +3,7 @@ metrics logging, checkpoints and exact resume. Subclasses implement :meth:`Run.t
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -10,7 +11,7 @@ import torch
 from vlm_grpoma.algorithm import GradientSpikeTracker
 from vlm_grpoma.cli import CommandError
 from vlm_grpoma.config import Config
-from vlm_grpoma.datasets.jsonl import read_records
+from vlm_grpoma.datasets.jsonl import RecordError, read_records
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.models.registry import load_adapter
 from vlm_grpoma.trainer.checkpoint import (
@@ -26,6 +27,30 @@ from vlm_grpoma.trainer.engine import TrainingEngine, build_engine
 from vlm_grpoma.trainer.logging import MetricsLogger
 
 
+def _checked(action):
+    """Run ``action``; a bad checkpoint or data position becomes one clear CLI error line."""
+    try:
+        return action()
+    except (FileNotFoundError, ValueError) as err:
+        raise CommandError(f"checkpoint.resume: {err}") from None
+
+
+def training_records(config: Config) -> list[Record]:
+    """The records of ``data.train_path`` with ``data.task`` and ``data.train_split`` (bad data: one clear line)."""
+    try:
+        records = read_records(config.data.train_path, skip_bad=config.data.skip_bad_records)
+    except RecordError as err:
+        raise CommandError(f"data.train_path: {err}") from None
+    data = config.data
+    kept = [r for r in records if r.task == data.task and r.split == data.train_split]
+    if not kept:
+        found = Counter((r.task, r.split) for r in records)
+        raise CommandError(f"data.train_path: {data.train_path} has no {data.task} records of split "
+                           f"{data.train_split!r} (data.task, data.train_split); it has "
+                           + ", ".join(f"{n} {task}/{split}" for (task, split), n in sorted(found.items())))
+    return kept
+
+
 class Run:
     """Set up (or resume) a run; :meth:`train` calls :meth:`train_step` until ``train.steps``."""
 
@@ -33,7 +58,8 @@ class Run:
         if not config.data.train_path:
             raise CommandError("data.train_path is empty: point it at a records.jsonl (see vlm-grpoma make-data)")
         self.config = config
-        self.records = read_records(config.data.train_path, skip_bad=config.data.skip_bad_records)
+        self.records = training_records(config)
+        resume = _checked(lambda: resolve_resume(config.checkpoint.resume, config.logging.output_dir))
         self.engine: TrainingEngine = build_engine(config, model)
         self.dist = self.engine.dist
         self.adapter = load_adapter(config.model)
@@ -41,11 +67,10 @@ class Run:
                                      config.data.shuffle)
         self.gss = GradientSpikeTracker()
         self.step = 0
-        resume = resolve_resume(config.checkpoint.resume, config.logging.output_dir)
         if resume is not None:
-            state = load_checkpoint(self.engine, resume)
+            state = _checked(lambda: load_checkpoint(self.engine, resume))
             self.step = state.step
-            self.sampler.load_state_dict(state.data)
+            _checked(lambda: self.sampler.load_state_dict(state.data))
             self.gss.load_state_dict(state.metrics["gss"])
         self.logger = MetricsLogger(config.logging, total_steps=config.train.steps, initial_step=self.step,
                                     run_config=config.to_dict(), rank=self.dist.rank)

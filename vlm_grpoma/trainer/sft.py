@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from vlm_grpoma.answers import Answer, Boxes, ContactAction, Points, Trajectory
+from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.images import load_mask
 from vlm_grpoma.datasets.schema import MaskRef, Record
 from vlm_grpoma.trainer.logging import reduce_metrics
@@ -62,6 +64,10 @@ def target_text(adapter, record: Record) -> str:
 
 class SFTRun(Run):
     """Teacher-forced cross-entropy on :func:`target_text` completions."""
+
+    def __init__(self, config: Config, *, model: torch.nn.Module | None = None) -> None:
+        # No KL term in SFT: kl_beta = 0 keeps the engine from building a frozen reference copy.
+        super().__init__(replace(config, algorithm=replace(config.algorithm, kl_beta=0.0)), model=model)
 
     def train_step(self) -> dict[str, float]:
         start = time.perf_counter()

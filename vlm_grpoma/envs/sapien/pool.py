@@ -77,7 +77,9 @@ class SimPool:
 
     def __init__(self, workers: int = 0, *, job_deadline_s: float = DEFAULT_EXEC.timeout_s + HARD_DEADLINE_SLACK_S,
                  start_method: str = "spawn"):
-        self.size = workers if workers > 0 else (os.cpu_count() or 1)
+        # 0: this process's share of the cores (the launcher's LOCAL_WORLD_SIZE ranks share one machine)
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self.size = workers if workers > 0 else max(1, (os.cpu_count() or 1) // local_ranks)
         self.job_deadline_s = job_deadline_s
         self._ctx = mp.get_context(start_method)
         self._workers = [self._spawn() for _ in range(self.size)]
