@@ -102,3 +102,18 @@ def test_rollout_stops_on_merged_tag_tokens(adapter, tokenizer, record):
     assert thought + answer == script_text
     assert torch.equal(torch.cat([tree.thought_tokens(0, 0), tree.answer_tokens(0, 0, 0)]), torch.tensor(script))
     assert isinstance(adapter.parse_answer(tree.completions()[0][0][0], record), Boxes)
+    # Evaluation and the trainer's reward parsing read the same split tag correctly (they parse thought + answer).
+    from vlm_grpoma.eval.grounding import generate_predictions
+    from vlm_grpoma.rewards.base import build_rewards
+    from vlm_grpoma.trainer.loop import score_tree
+
+    calls["n"] = 0
+    handle = model.lm_head.register_forward_hook(force_script)
+    try:
+        (prediction,) = generate_predictions(model, adapter, [record], SamplingParams(
+            num_thoughts=1, answers_per_thought=1, temperature=0.0, max_thought_tokens=30, max_answer_tokens=40))
+    finally:
+        handle.remove()
+    assert prediction.answer_text.startswith("answer>") and isinstance(prediction.answer, Boxes)
+    result, _, parse_rate = score_tree(tree, [record], adapter, build_rewards({"iou": 1.0}))
+    assert parse_rate == 1.0 and not result.failures
