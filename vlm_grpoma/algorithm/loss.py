@@ -35,7 +35,9 @@ def grpo_ma_token_weights(
     """Per-token weights ``(thought [B, K], answer [B, K, M])`` for one optimizer batch of B prompts.
 
     Lengths count the trained tokens of each segment. The weights include the ``1/B`` mean over prompts and
-    are float64 (cast to the log-prob dtype in :func:`policy_loss`).
+    are float64 (cast to the log-prob dtype in :func:`policy_loss`). Under data parallelism each rank passes its
+    own batch, so ``token_mean`` normalises by that rank's mean path length (DAPO normalises by the global
+    batch; the two agree when ranks' mean lengths do).
     """
     if thought_lengths.dim() != 2 or answer_lengths.dim() != 3 or answer_lengths.shape[:2] != thought_lengths.shape:
         raise ValueError(

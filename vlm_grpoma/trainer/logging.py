@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -135,7 +136,7 @@ class MetricsLogger:
 def reduce_metrics(
     metrics: Mapping[str, float], op: Literal["mean", "sum", "max", "min"] = "mean"
 ) -> dict[str, float]:
-    """Reduce every value over all ranks (one all-reduce); all ranks must pass the same keys.
+    """Reduce every value over all ranks (two all-reduces); all ranks must pass the same keys.
 
     Without a process group (or with one rank) the values come back unchanged.
     """
@@ -147,10 +148,12 @@ def reduce_metrics(
         if torch.distributed.get_backend() == "nccl"
         else torch.device("cpu")
     )
-    shape = torch.tensor([len(keys), -len(keys)], dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(shape, op=torch.distributed.ReduceOp.MAX)
-    if shape[0].item() != -shape[1].item():
-        raise ValueError(f"reduce_metrics: ranks passed different numbers of metrics (this rank: {keys})")
+    # Same key set on every rank: compare a checksum of the names (max == min over ranks).
+    checksum = float(zlib.crc32("\n".join(keys).encode()))
+    check = torch.tensor([checksum, -checksum], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(check, op=torch.distributed.ReduceOp.MAX)
+    if check[0].item() != -check[1].item():
+        raise ValueError(f"reduce_metrics: ranks passed different metric names (this rank: {keys})")
     values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
     reduce_op = {
         "mean": torch.distributed.ReduceOp.SUM,

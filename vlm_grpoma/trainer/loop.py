@@ -119,7 +119,8 @@ class Trainer(Run):
         return compute(model, tree, chunk, self.adapter.tokens)
 
     def _update(self, tree: RolloutTree, rewards: torch.Tensor) -> tuple[dict[str, float], list[float]]:
-        """μ policy epochs over the micro-batches; returns loss statistics and the epochs' gradient norms."""
+        """μ policy epochs over the micro-batches (one optimizer step each); returns loss statistics and the
+        epochs' gradient norms (GSS tracks the last epoch's, one score per training step)."""
         config, algo = self.config, self.config.algorithm
         thought_adv, answer_adv = grpo_ma_advantages(rewards, scale=algo.advantage_scale, eps=algo.advantage_eps)
         thought_w, answer_w = grpo_ma_token_weights(
@@ -192,8 +193,6 @@ class Trainer(Run):
         values = rewards[finite]
         thought_values = rewards.mean(-1)
         local = {
-            "reward/total_mean": float(values.mean()) if values.numel() else math.nan,
-            "reward/total_sq_mean": float((values ** 2).mean()) if values.numel() else math.nan,
             "reward/non_finite": float((~finite).sum()),
             "answers/parse_rate": parse_rate,
             "groups/zero_thought_variance": float((thought_values.amax(-1) == thought_values.amin(-1)).float().mean()),
@@ -209,8 +208,12 @@ class Trainer(Run):
         for name, component in result.components.items():
             local[f"reward/{name}_mean"] = float(torch.tensor(component, dtype=torch.float64).nanmean())
         metrics = reduce_metrics(local)
-        metrics["reward/total_std"] = math.sqrt(max(metrics.pop("reward/total_sq_mean")
-                                                    - metrics["reward/total_mean"] ** 2, 0.0))
+        # Mean and std over every finite reward of every rank (ranks may hold different numbers of them).
+        sums = reduce_metrics({"n": float(values.numel()), "sum": float(values.sum()),
+                               "sq": float((values.double() ** 2).sum())}, "sum")
+        mean = sums["sum"] / sums["n"] if sums["n"] else math.nan
+        metrics["reward/total_mean"] = mean
+        metrics["reward/total_std"] = math.sqrt(max(sums["sq"] / sums["n"] - mean ** 2, 0.0)) if sums["n"] else math.nan
         metrics.update({f"failures/{k}": float(v) for k, v in _sum_over_ranks(result.failures).items()})
         metrics.update(self.gradient_metrics(grad_norms[-1]))
         metrics["time/step_s"] = time.perf_counter() - start
