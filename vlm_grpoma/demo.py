@@ -8,6 +8,7 @@ ends with a summary table and a PNG of the reward curve.
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,8 @@ def _plot(sft_history, grpo_history, path: Path) -> None:
 def run_demo(out: Path, plan: DemoPlan) -> list[Stage]:
     torch.set_num_threads(1)
     start = time.perf_counter()
+    for stale in ("sft", "grpo"):  # a re-run starts afresh (metrics.jsonl appends, checkpoints would resume)
+        shutil.rmtree(out / stale, ignore_errors=True)
     model_dir = build_tiny_model("qwen2_5_vl", out / "model", seed=0, preset="small")
     train = generate_shapes("detection", plan.train_records, out / "data", seed=0, split="train", config=EASY)
     held_out = generate_shapes("detection", plan.eval_records, out / "eval", seed=1, split="test", config=EASY)
