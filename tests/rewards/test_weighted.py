@@ -26,5 +26,5 @@ def test_weighted_total_and_prefixed_components():
 
 
 def test_unknown_reward_name_lists_the_registered_ones():
-    with pytest.raises(KeyError, match="unknown reward 'bleu'; registered: .*iou"):
+    with pytest.raises(ValueError, match=r"^rewards\.weights\.bleu: unknown reward 'bleu'; registered: .*iou"):
         build_rewards({"bleu": 1.0})
