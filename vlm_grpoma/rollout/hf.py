@@ -11,6 +11,7 @@ transformers does during cached generation; finished rows keep stepping with the
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +62,12 @@ def rope_index_owner(model: torch.nn.Module) -> Any:
     raise TypeError(f"{type(model).__name__} has no get_rope_index: not a Qwen-VL model")
 
 
+def cache_argument(module: torch.nn.Module) -> str:
+    """The KV-cache keyword of this transformers version's forward: ``cache`` (>= 5.21) or ``past_key_values``
+    (earlier, e.g. the 5.20 that vLLM 0.33 pins); the model output carries the cache under the same name."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
 def filter_logits(logits: torch.Tensor, temperature: float, params: SamplingParams) -> torch.Tensor:
     """Temperature, top-k and top-p (nucleus) warping of [R, V] logits; removed tokens get -inf."""
     logits = logits / temperature
@@ -85,6 +92,7 @@ class HFRolloutEngine:
         self.tokenizer = tokenizer
         self.reuse_prefix_cache = reuse_prefix_cache
         self._rope = rope_index_owner(model)
+        self._cache_arg = cache_argument(self._rope)
         self._stop_tables: dict[tuple[str, int], torch.Tensor] = {}
 
     @classmethod
@@ -107,8 +115,9 @@ class HFRolloutEngine:
             image_grid_thw=batch["image_grid_thw"], attention_mask=batch["attention_mask"])
         cache = DynamicCache(config=self.model.config)
         batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
-        out = self.model(**batch, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
-        return _Stream(out.cache, batch["attention_mask"], positions.amax(dim=(0, 2)) + 1, out.logits[:, -1].float())
+        out = self.model(**batch, position_ids=positions, **{self._cache_arg: cache}, use_cache=True, logits_to_keep=1)
+        return _Stream(getattr(out, self._cache_arg), batch["attention_mask"], positions.amax(dim=(0, 2)) + 1,
+                       out.logits[:, -1].float())
 
     def _feed(self, stream: _Stream, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Feed ids [R, W] (mask [R, W]: 1 = real token) and return logits [R, W, V]; updates the stream."""
@@ -116,8 +125,8 @@ class HFRolloutEngine:
         offsets = mask.long().cumsum(1) - mask.long()
         positions = (stream.next_pos[:, None] + offsets).unsqueeze(0).expand(3, r, w)
         stream.attention = torch.cat([stream.attention, mask.long()], 1)
-        out = self.model(input_ids=ids, attention_mask=stream.attention, position_ids=positions, cache=stream.cache,
-                         use_cache=True)
+        out = self.model(input_ids=ids, attention_mask=stream.attention, position_ids=positions,
+                         **{self._cache_arg: stream.cache}, use_cache=True)
         n = mask.long().sum(1)
         stream.next_pos = stream.next_pos + n
         logits = out.logits.float()
