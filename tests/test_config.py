@@ -155,3 +155,8 @@ def test_reward_options_are_typed_and_must_name_a_weighted_reward():
     assert config.rewards.options == {"iou": {"mode": "giou", "threshold": 0.5}}
     with pytest.raises(ConfigError, match=r"^rewards\.options\.trajectory: options for a reward that is not in"):
         load_config(overrides=["rewards.options={trajectory: {num_points: 8}}"])
+
+
+def test_vllm_engine_settings_are_validated():
+    with pytest.raises(ConfigError, match=r"^rollout\.vllm\.gpu_memory_utilization: must be in \(0, 1\], got 1\.5$"):
+        load_config(overrides=["rollout.vllm.gpu_memory_utilization=1.5"])

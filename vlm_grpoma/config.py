@@ -62,6 +62,17 @@ class DataConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """The colocated vLLM engine of ``rollout.backend=vllm`` (GPU only)."""
+
+    gpu_memory_utilization: float = 0.3
+    tensor_parallel_size: int = 1
+    enable_sleep_mode: bool = False
+    max_model_len: int = 0  # 0: the model's own limit
+    enforce_eager: bool = False
+
+
+@dataclass
 class RolloutConfig:
     """Two-phase sampling: K thoughts per prompt, then M answers continuing each thought."""
 
@@ -73,6 +84,7 @@ class RolloutConfig:
     top_k: int = 0
     max_thought_tokens: int = 256
     max_answer_tokens: int = 64
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
 @dataclass
@@ -316,6 +328,11 @@ def validate(config: Config, world_size: int | None = None) -> None:
     _require(r.top_k >= 0, "rollout.top_k", f"must be >= 0 (0 disables it), got {r.top_k}")
     _require(r.max_thought_tokens >= 1, "rollout.max_thought_tokens", f"must be >= 1, got {r.max_thought_tokens}")
     _require(r.max_answer_tokens >= 1, "rollout.max_answer_tokens", f"must be >= 1, got {r.max_answer_tokens}")
+    _require(0 < r.vllm.gpu_memory_utilization <= 1, "rollout.vllm.gpu_memory_utilization",
+             f"must be in (0, 1], got {r.vllm.gpu_memory_utilization}")
+    _require(r.vllm.tensor_parallel_size >= 1, "rollout.vllm.tensor_parallel_size",
+             f"must be >= 1, got {r.vllm.tensor_parallel_size}")
+    _require(r.vllm.max_model_len >= 0, "rollout.vllm.max_model_len", f"must be >= 0, got {r.vllm.max_model_len}")
     _require(a.advantage_eps >= 0, "algorithm.advantage_eps", f"must be >= 0, got {a.advantage_eps}")
     _require(0 <= a.clip_eps_low < 1, "algorithm.clip_eps_low", f"must be in [0, 1), got {a.clip_eps_low}")
     _require(a.clip_eps_high >= 0, "algorithm.clip_eps_high", f"must be >= 0, got {a.clip_eps_high}")

@@ -527,3 +527,15 @@ def test_stack_problems_name_each_departure_from_the_vllm_pins():
     gpu_set = {"vllm": "0.33.0", "torch": "2.14.0+cu130", "torchvision": "0.29.0", "transformers": "5.20.2",
                "deepspeed": "0.19.8"}
     assert stack_problems(gpu_set) == []
+
+
+def test_engine_options_come_from_the_config():
+    from vlm_grpoma.config import load_config
+    from vlm_grpoma.rollout.vllm import VLLMOptions
+
+    config = load_config(overrides=["rollout.vllm={gpu_memory_utilization: 0.5, tensor_parallel_size: 2, "
+                                    "enable_sleep_mode: true, max_model_len: 4096}"])
+    options = VLLMOptions.from_config(config.rollout.vllm)
+    assert (options.gpu_memory_utilization, options.tensor_parallel_size, options.enable_sleep_mode,
+            options.max_model_len, options.enforce_eager) == (0.5, 2, True, 4096, False)
+    assert VLLMOptions.from_config(load_config().rollout.vllm).max_model_len is None

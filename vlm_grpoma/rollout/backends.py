@@ -51,8 +51,8 @@ def build_rollout_engine(config: Config, model: Any, adapter: Any, *, dist: Any 
     ``vllm``: needs CUDA and vLLM (one actionable error line otherwise); the engine is built from
     ``config.model.name_or_path`` in the training dtype and then loaded with ``model``'s current weights, so a
     resumed or SFT-initialised policy samples with its own weights. ``vllm_options``: a
-    :class:`~vlm_grpoma.rollout.vllm.VLLMOptions` (default: its defaults; ``dtype="auto"`` means the training
-    module's dtype).
+    :class:`~vlm_grpoma.rollout.vllm.VLLMOptions` (default: from ``rollout.vllm``; ``dtype="auto"`` means the
+    training module's dtype).
     """
     backend = config.rollout.backend
     if backend == "hf":
@@ -63,7 +63,7 @@ def build_rollout_engine(config: Config, model: Any, adapter: Any, *, dist: Any 
         from vlm_grpoma.rollout.vllm import VLLMOptions, VLLMRolloutEngine, import_vllm
 
         import_vllm()
-        options = vllm_options or VLLMOptions()
+        options = vllm_options or VLLMOptions.from_config(config.rollout.vllm)
         if options.dtype == "auto":  # vLLM's "auto" turns a float32 config into float16: use the training dtype
             options = replace(options, dtype=str(next(_module(model).parameters()).dtype).removeprefix("torch."))
         engine = VLLMRolloutEngine.create(config.model.name_or_path, adapter, options, seed=config.seed,

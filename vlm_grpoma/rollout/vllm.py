@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from vlm_grpoma.config import VLLMConfig
 from vlm_grpoma.models.base import PromptInputs, SpecialTokens
 from vlm_grpoma.models.prompts import ANSWER_CLOSE, THINK_CLOSE
 from vlm_grpoma.rollout.engine import SamplingParams
@@ -97,6 +98,12 @@ class VLLMOptions:
     dtype: str = "auto"
     max_model_len: int | None = None
     enforce_eager: bool = False
+
+    @classmethod
+    def from_config(cls, config: VLLMConfig) -> VLLMOptions:
+        return cls(gpu_memory_utilization=config.gpu_memory_utilization,
+                   tensor_parallel_size=config.tensor_parallel_size, enable_sleep_mode=config.enable_sleep_mode,
+                   max_model_len=config.max_model_len or None, enforce_eager=config.enforce_eager)
 
 
 @dataclass(frozen=True)
