@@ -54,6 +54,9 @@ class ModelConfig:
 class DataConfig:
     train_path: str = ""
     eval_path: str = ""
+    #: held-out sets scored during GRPO-MA training every ``train.eval_every`` steps, name -> records.jsonl
+    #: (records of ``data.task``, any split), e.g. {seen: data/seen.jsonl, unseen: data/unseen.jsonl}
+    eval_sets: dict[str, str] = field(default_factory=dict)
     #: training uses only the records of this task and split (converters may write several splits to one file)
     task: Literal["detection", "affordance", "trajectory", "manipulation"] = "detection"
     train_split: str = "train"
@@ -133,6 +136,10 @@ class TrainConfig:
     #: "shared": image + prompt once per prompt and each thought once for its M answers (one packed row per
     #: prompt, 4-D attention mask; needs sdpa or eager attention); "naive": one row per path (for debugging).
     logprob_pass: Literal["shared", "naive"] = "shared"
+    #: score greedy answers on ``data.eval_sets`` with the training rewards before step 1, every this many
+    #: steps and after the last step (0: never)
+    eval_every: int = 0
+    eval_batch_prompts: int = 16
 
 
 @dataclass
@@ -352,6 +359,10 @@ def validate(config: Config, world_size: int | None = None) -> None:
     _require(t.logprob_pass == "naive" or config.model.attn_implementation in ("sdpa", "eager"),
              "train.logprob_pass", f"'shared' needs model.attn_implementation sdpa or eager (a 4-D attention mask), "
              f"got {config.model.attn_implementation!r}; use train.logprob_pass=naive")
+    _require(t.eval_every >= 0, "train.eval_every", f"must be >= 0 (0 disables evaluation), got {t.eval_every}")
+    _require(t.eval_batch_prompts >= 1, "train.eval_batch_prompts", f"must be >= 1, got {t.eval_batch_prompts}")
+    _require(t.eval_every == 0 or bool(config.data.eval_sets), "data.eval_sets",
+             f"is empty but train.eval_every={t.eval_every}; name the held-out records, e.g. {{test: test.jsonl}}")
     _require(config.model.min_pixels <= config.model.max_pixels, "model.min_pixels",
              f"({config.model.min_pixels}) must not exceed model.max_pixels ({config.model.max_pixels})")
     _require(config.logging.log_every >= 1, "logging.log_every", f"must be >= 1, got {config.logging.log_every}")

@@ -105,7 +105,7 @@ def test_rollout_stops_on_merged_tag_tokens(adapter, tokenizer, record):
     # Evaluation and the trainer's reward parsing read the same split tag correctly (they parse thought + answer).
     from vlm_grpoma.eval.grounding import generate_predictions
     from vlm_grpoma.rewards.base import build_rewards
-    from vlm_grpoma.trainer.loop import score_tree
+    from vlm_grpoma.trainer.evaluation import score_tree
 
     calls["n"] = 0
     handle = model.lm_head.register_forward_hook(force_script)
@@ -115,5 +115,5 @@ def test_rollout_stops_on_merged_tag_tokens(adapter, tokenizer, record):
     finally:
         handle.remove()
     assert prediction.answer_text.startswith("answer>") and isinstance(prediction.answer, Boxes)
-    result, _, parse_rate = score_tree(tree, [record], adapter, build_rewards({"iou": 1.0}))
-    assert parse_rate == 1.0 and not result.failures
+    result, _, parsed = score_tree(tree, [record], adapter, build_rewards({"iou": 1.0}))
+    assert bool(parsed.all()) and not result.failures

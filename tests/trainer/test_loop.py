@@ -10,8 +10,9 @@ import torch
 
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 from vlm_grpoma.rewards.base import RewardResult, register_reward
+from vlm_grpoma.trainer.evaluation import score_tree
 from vlm_grpoma.trainer.logprobs import path_log_probs
-from vlm_grpoma.trainer.loop import Trainer, score_tree
+from vlm_grpoma.trainer.loop import Trainer
 
 
 @register_reward("test_answer_length")
@@ -136,3 +137,71 @@ def test_shared_prefix_and_naive_passes_take_the_same_step(make_config, data_pat
     # Adam's first step is ~lr * sign(g): only coordinates whose gradient is ~0 (rounding-level) may differ.
     differing = sum(int(((shared[n] - naive[n]).abs() > 1e-6).sum()) for n in shared)
     assert differing <= 1e-3 * sum(p.numel() for p in shared.values())
+
+
+def test_held_out_evaluation_matches_an_independent_greedy_decode(make_config, data_path, tmp_path):
+    """eval/<set>/* before step 1, every train.eval_every steps and after the last, equal to greedy decoding
+    with the evaluation module's engine scored by the same reward."""
+    from vlm_grpoma.datasets.jsonl import read_records
+    from vlm_grpoma.eval.grounding import generate_predictions, sampling_params
+
+    held_out = generate_shapes("detection", 5, tmp_path / "held_out", seed=3, split="test", config=EASY)
+    config = make_config(*overrides(data_path, "train.steps=3", "train.eval_every=2", "train.eval_batch_prompts=2",
+                                    f"data.eval_sets={{held_out: {held_out}, again: {held_out}}}"))
+    trainer = Trainer(config)
+    records = read_records(held_out)
+    predictions = generate_predictions(trainer.engine.module, trainer.adapter, records,
+                                       sampling_params(config.rollout, True, 1, config.seed), batch_size=2)
+    expected = sum(min(len(p.answer_text), 40) / 40 for p in predictions) / len(records)
+    trainer.train()
+    logged = {row["step"]: row for row in map(json.loads, open(f"{config.logging.output_dir}/metrics.jsonl"))}
+    assert sorted(logged) == [0, 1, 2, 3]
+    assert set(logged[0]) >= {"step", "time/eval_s"} | {f"eval/{s}/{k}" for s in ("held_out", "again") for k in
+                              ("records", "parse_rate", "reward_mean", "test_answer_length_mean", "format_mean")}
+    assert all(key.startswith("eval/") for key in set(logged[0]) - {"step", "time/eval_s"})
+    assert logged[0]["eval/held_out/records"] == 5
+    assert logged[0]["eval/held_out/test_answer_length_mean"] == pytest.approx(expected, abs=1e-9)
+    assert logged[0]["eval/again/reward_mean"] == logged[0]["eval/held_out/reward_mean"]
+    assert "eval/held_out/reward_mean" not in logged[1]
+    assert "eval/held_out/reward_mean" in logged[2] and "eval/held_out/reward_mean" in logged[3]
+
+
+def test_held_out_set_without_the_training_task_is_one_line_error(make_config, data_path, tmp_path):
+    from vlm_grpoma.cli import CommandError
+
+    other = generate_shapes("trajectory", 2, tmp_path / "traj", seed=0, config=EASY)
+    with pytest.raises(CommandError, match=r"^data\.eval_sets\.val: .* has no detection records \(data\.task\)$"):
+        Trainer(make_config(*overrides(data_path, "train.eval_every=1", f"data.eval_sets={{val: {other}}}")))
+
+
+def test_evaluation_shards_make_equal_rollout_calls_and_add_up_to_one_rank(make_config, data_path, tmp_path):
+    """ZeRO-3 gathers parameters around every rollout call, so every rank must make the same calls: shards are
+    padded, and the padding is not counted. Two ranks' sums must equal a one-rank evaluation."""
+    from vlm_grpoma.datasets.jsonl import read_records
+    from vlm_grpoma.trainer.evaluation import EvalSet, evaluate_sets, greedy_params
+
+    held_out = generate_shapes("detection", 5, tmp_path / "held_out", seed=3, split="test", config=EASY)
+    trainer = Trainer(make_config(*overrides(data_path)))
+    sets = [EvalSet("test", read_records(held_out))]
+
+    class Counting:  # the trainer's real rollout, with its calls counted
+        def __init__(self, inner):
+            self.inner, self.calls = inner, 0
+
+        def sample(self, prompts, params):
+            self.calls += 1
+            return self.inner.sample(prompts, params)
+
+    def run(rank, world):
+        counting = Counting(trainer.rollout)
+        metrics = evaluate_sets(sets, counting, trainer.adapter, trainer.rewards, greedy_params(trainer.config),
+                                rank=rank, world_size=world, batch_size=2)
+        return metrics, counting.calls
+
+    whole, _ = run(0, 1)
+    (first, calls0), (second, calls1) = run(0, 2), run(1, 2)
+    assert calls0 == calls1 == 2
+    assert (first["eval/test/records"], second["eval/test/records"]) == (3, 2)
+    for key in ("reward_mean", "test_answer_length_mean", "parse_rate"):
+        combined = (first[f"eval/test/{key}"] * 3 + second[f"eval/test/{key}"] * 2) / 5
+        assert combined == pytest.approx(whole[f"eval/test/{key}"], abs=1e-6), key

@@ -109,7 +109,7 @@ class MetricsLogger:
                 self._tensorboard.flush()
             if self._wandb is not None:
                 self._wandb.log(numeric, step=step)
-        if self._bar is not None:
+        if self._bar is not None and step > 0:  # step 0 holds only the starting model's evaluation
             postfix = {}
             if numeric.get(REWARD_KEY) is not None:
                 postfix["reward"] = f"{numeric[REWARD_KEY]:.3f}"
@@ -165,3 +165,16 @@ def reduce_metrics(
     if op == "mean":
         values /= torch.distributed.get_world_size()
     return dict(zip(keys, values.tolist()))
+
+
+def sum_over_ranks(counts: Mapping[str, float]) -> dict[str, float]:
+    """Add up per-rank values whose keys may differ between ranks (failure reasons, a rank with no records)."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return dict(counts)
+    gathered: list[dict[str, float]] = [{} for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather_object(gathered, dict(counts))
+    total: dict[str, float] = {}
+    for part in gathered:
+        for key, value in part.items():
+            total[key] = total.get(key, 0) + value
+    return total

@@ -24,16 +24,15 @@ from vlm_grpoma.algorithm import (
     policy_loss,
     thought_advantage_variance,
 )
-from vlm_grpoma.answers import ParseError
 from vlm_grpoma.cli import CommandError
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.schema import Record
-from vlm_grpoma.rewards import Completion
-from vlm_grpoma.rewards.base import RewardResult, build_rewards
+from vlm_grpoma.rewards.base import build_rewards
 from vlm_grpoma.rollout.backends import build_rollout_engine, logprob_mismatch, sync_weights
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.tree import RolloutTree
-from vlm_grpoma.trainer.logging import reduce_metrics
+from vlm_grpoma.trainer.evaluation import EvalSet, evaluate_sets, greedy_params, load_eval_sets, score_tree
+from vlm_grpoma.trainer.logging import reduce_metrics, sum_over_ranks
 from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
 from vlm_grpoma.trainer.packed import shared_prefix_log_probs
 from vlm_grpoma.trainer.run import Run
@@ -42,26 +41,6 @@ from vlm_grpoma.trainer.run import Run
 def sampling_seed(seed: int, step: int, rank: int) -> int:
     """The rollout seed of one step on one rank: a function of the step alone, so resumed runs resample alike."""
     return (seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**63 - 1)
-
-
-def score_tree(tree: RolloutTree, records: Sequence[Record], adapter,
-               rewards) -> tuple[RewardResult, torch.Tensor, float]:
-    """Parse every answer (thought + answer text: a real vocabulary may split a tag across them) and score it.
-
-    Returns the reward result, the total rewards as ``[B, K, M]`` and the fraction of answers that parsed.
-    """
-    b_count, k_count, m_count = tree.shape
-    texts = tree.completions()
-    completions, owners = [], []
-    for b, record in enumerate(records):
-        for k in range(k_count):
-            for m in range(m_count):
-                answer = adapter.parse_answer(texts[b][k][m], record)
-                completions.append(Completion(answer, tree.thought_texts[b][k], tree.answer_texts[b][k][m]))
-                owners.append(record)
-    result = rewards.score(completions, owners)
-    parsed = sum(not isinstance(c.answer, ParseError) for c in completions) / max(len(completions), 1)
-    return result, torch.tensor(result.total, dtype=torch.float32).view(b_count, k_count, m_count), parsed
 
 
 @dataclass
@@ -75,19 +54,6 @@ class _UpdateStats:
             self.sums[key] += float(value)
 
 
-def _sum_over_ranks(counts: dict[str, int]) -> dict[str, int]:
-    """Add up per-rank counters whose keys may differ between ranks (e.g. parse-failure reasons)."""
-    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
-        return dict(counts)
-    gathered: list[dict[str, int]] = [{} for _ in range(torch.distributed.get_world_size())]
-    torch.distributed.all_gather_object(gathered, counts)
-    total: dict[str, int] = defaultdict(int)
-    for part in gathered:
-        for key, value in part.items():
-            total[key] += value
-    return dict(total)
-
-
 class Trainer(Run):
     """GRPO-MA: K thoughts x M answers per prompt, rewards, advantages, the clipped objective."""
 
@@ -96,8 +62,20 @@ class Trainer(Run):
             self.rewards = build_rewards(config.rewards.weights, config.rewards.options)
         except ValueError as err:
             raise CommandError(str(err)) from None
+        self.eval_sets: list[EvalSet] = load_eval_sets(config)
         super().__init__(config, model=model)
         self.rollout = build_rollout_engine(config, self.engine, self.adapter, dist=self.dist)
+
+    def evaluation(self) -> dict[str, float]:
+        """Held-out metrics when ``train.eval_every`` says so (before step 1, every N steps, after the last)."""
+        every, steps = self.config.train.eval_every, self.config.train.steps
+        if not every or (self.step % every and self.step != steps):
+            return {}
+        start = time.perf_counter()
+        metrics = evaluate_sets(self.eval_sets, self.rollout, self.adapter, self.rewards, greedy_params(self.config),
+                                rank=self.dist.rank, world_size=self.dist.world_size,
+                                batch_size=self.config.train.eval_batch_prompts)
+        return metrics | {"time/eval_s": time.perf_counter() - start}
 
     def train(self) -> list[dict[str, float]]:
         try:
@@ -184,7 +162,7 @@ class Trainer(Run):
         records = self.next_records()
         tree = self._rollout(records)
         rolled = time.perf_counter()
-        result, rewards, parse_rate = score_tree(tree, records, self.adapter, self.rewards)
+        result, rewards, parsed = score_tree(tree, records, self.adapter, self.rewards)
         scored = time.perf_counter()
         update, grad_norms = self._update(tree, rewards)
         updated = time.perf_counter()
@@ -194,7 +172,7 @@ class Trainer(Run):
         thought_values = rewards.mean(-1)
         local = {
             "reward/non_finite": float((~finite).sum()),
-            "answers/parse_rate": parse_rate,
+            "answers/parse_rate": float(parsed.float().mean()),
             "groups/zero_thought_variance": float((thought_values.amax(-1) == thought_values.amin(-1)).float().mean()),
             "variance/thought_adv_estimate": float(thought_advantage_variance(rewards).nanmean()),
             "lengths/thought_mean": float(tree.thought_lengths.float().mean()),
@@ -214,7 +192,7 @@ class Trainer(Run):
         mean = sums["sum"] / sums["n"] if sums["n"] else math.nan
         metrics["reward/total_mean"] = mean
         metrics["reward/total_std"] = math.sqrt(max(sums["sq"] / sums["n"] - mean ** 2, 0.0)) if sums["n"] else math.nan
-        metrics.update({f"failures/{k}": float(v) for k, v in _sum_over_ranks(result.failures).items()})
+        metrics.update({f"failures/{k}": float(v) for k, v in sum_over_ranks(result.failures).items()})
         metrics.update(self.gradient_metrics(grad_norms[-1]))
         metrics["time/step_s"] = time.perf_counter() - start
         return metrics

@@ -89,6 +89,10 @@ class Run:
     def train_step(self) -> dict[str, float]:
         raise NotImplementedError
 
+    def evaluation(self) -> dict[str, float]:
+        """Held-out metrics due at the current step ({} when none are); see :class:`~vlm_grpoma.trainer.loop.Trainer`."""
+        return {}
+
     def save(self) -> Path:
         return save_checkpoint(self.engine, self.config.logging.output_dir,
                                TrainerState(step=self.step, data=self.sampler.state_dict(),
@@ -105,8 +109,11 @@ class Run:
         """Train until ``train.steps``; checkpoint every ``checkpoint.save_every`` steps and at the end."""
         history = []
         try:
+            if self.step == 0 and (before := self.evaluation()):
+                self.logger.log(0, before)  # step 0: the starting model's held-out metrics only
             while self.step < self.config.train.steps:
                 metrics = self.train_step()
+                metrics.update(self.evaluation())
                 self.logger.log(self.step, metrics)
                 history.append(metrics)
                 every = self.config.checkpoint.save_every

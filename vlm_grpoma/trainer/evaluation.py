@@ -1,0 +1,119 @@
+"""Scoring rollout trees with the training rewards, and the held-out evaluation run during GRPO-MA training.
+
+Evaluation decodes one greedy thought + answer per record of each ``data.eval_sets`` entry with the rollout
+backend the trainer samples with, scores it with the training rewards (so ``eval/seen/success_mean`` of a
+manipulation run is SAPIEN success on held-out instances) and logs ``eval/<set>/<name>`` metrics summed over
+ranks: ``reward_mean``, one ``<component>_mean`` per reward component, ``parse_rate`` and ``records``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from vlm_grpoma.answers import ParseError
+from vlm_grpoma.cli import CommandError
+from vlm_grpoma.config import Config
+from vlm_grpoma.datasets.jsonl import RecordError, read_records
+from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.rewards import Completion
+from vlm_grpoma.rewards.base import RewardResult
+from vlm_grpoma.rollout.engine import SamplingParams
+from vlm_grpoma.rollout.tree import RolloutTree
+from vlm_grpoma.trainer.logging import sum_over_ranks
+
+_SET_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def score_tree(tree: RolloutTree, records: Sequence[Record], adapter,
+               rewards) -> tuple[RewardResult, torch.Tensor, torch.Tensor]:
+    """Parse every answer (thought + answer text: a real vocabulary may split a tag across them) and score it.
+
+    Returns the reward result, the total rewards as ``[B, K, M]`` and which answers parsed (``[B, K, M]`` bool).
+    """
+    b_count, k_count, m_count = tree.shape
+    texts = tree.completions()
+    completions, owners = [], []
+    for b, record in enumerate(records):
+        for k in range(k_count):
+            for m in range(m_count):
+                answer = adapter.parse_answer(texts[b][k][m], record)
+                completions.append(Completion(answer, tree.thought_texts[b][k], tree.answer_texts[b][k][m]))
+                owners.append(record)
+    result = rewards.score(completions, owners)
+    parsed = torch.tensor([not isinstance(c.answer, ParseError) for c in completions], dtype=torch.bool)
+    shape = (b_count, k_count, m_count)
+    return result, torch.tensor(result.total, dtype=torch.float32).view(shape), parsed.view(shape)
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """One named held-out set: the records of the training task found in its file."""
+
+    name: str
+    records: list[Record]
+
+
+def load_eval_sets(config: Config) -> list[EvalSet]:
+    """Read ``data.eval_sets`` (only when ``train.eval_every`` > 0); bad names or files fail with one line."""
+    if not config.train.eval_every:
+        return []
+    sets = []
+    for name, path in config.data.eval_sets.items():
+        key = f"data.eval_sets.{name}"
+        if not _SET_NAME.fullmatch(name):
+            raise CommandError(f"{key}: set names become metric keys; use letters, digits, '_', '-' or '.'")
+        try:
+            records = read_records(path, skip_bad=config.data.skip_bad_records)
+        except RecordError as err:
+            raise CommandError(f"{key}: {err}") from None
+        kept = [r for r in records if r.task == config.data.task]
+        if not kept:
+            raise CommandError(f"{key}: {path} has no {config.data.task} records (data.task)")
+        sets.append(EvalSet(name, kept))
+    return sets
+
+
+def greedy_params(config: Config) -> SamplingParams:
+    """One greedy thought and one greedy answer per record, with the training token budgets."""
+    r = config.rollout
+    return SamplingParams(num_thoughts=1, answers_per_thought=1, temperature=0.0, top_p=1.0, top_k=0,
+                          max_thought_tokens=r.max_thought_tokens, max_answer_tokens=r.max_answer_tokens,
+                          seed=config.seed)
+
+
+def _equal_shard(records: Sequence[Record], rank: int, world_size: int) -> tuple[list[Record], int]:
+    """This rank's records, padded by repeating one so every rank makes the same rollout calls (ZeRO-3 gathers
+    parameters collectively around each call); returns the padded shard and how many entries are real."""
+    shard = list(records[rank::world_size])
+    size = -(-len(records) // world_size)
+    return shard + [records[rank % len(records)]] * (size - len(shard)), len(shard)
+
+
+def evaluate_sets(sets: Sequence[EvalSet], rollout, adapter, rewards, params: SamplingParams, *, rank: int,
+                  world_size: int, batch_size: int) -> dict[str, float]:
+    """Greedy answers for this rank's share of every set, scored, then summed over ranks into means."""
+    metrics: dict[str, float] = {}
+    for eval_set in sets:
+        shard, real = _equal_shard(eval_set.records, rank, world_size)
+        sums: dict[str, float] = {"records": float(real), "parsed": 0.0, "reward": 0.0}
+        for start in range(0, len(shard), batch_size):
+            chunk = shard[start:start + batch_size]
+            tree = rollout.sample(adapter.build_inputs(chunk), params)
+            keep = max(0, min(len(chunk), real - start))  # padding entries are decoded but not counted
+            result, totals, parsed = score_tree(tree, chunk, adapter, rewards)
+            sums["parsed"] += float(parsed.flatten()[:keep].sum())
+            sums["reward"] += float(totals.flatten()[:keep].sum())
+            for name, values in result.components.items():
+                sums[name] = sums.get(name, 0.0) + float(sum(values[:keep]))
+        totals_over_ranks = sum_over_ranks(sums)
+        count = max(totals_over_ranks.pop("records"), 1.0)
+        prefix = f"eval/{eval_set.name}"
+        metrics[f"{prefix}/records"] = count
+        metrics[f"{prefix}/parse_rate"] = totals_over_ranks.pop("parsed") / count
+        metrics[f"{prefix}/reward_mean"] = totals_over_ranks.pop("reward") / count
+        metrics.update({f"{prefix}/{name}_mean": value / count for name, value in totals_over_ranks.items()})
+    return metrics
