@@ -1,0 +1,13 @@
+"""GRPO-MA vs GRPO end to end on CPU: T4A1, T16A1, T4A4, T8A2 x 3 seeds on shapes detection and SAPIEN
+manipulation from one SFT warm start per task; writes docs/results.md and its plots.
+
+    python benchmarks/compare.py            # full: <= 60 min on 2 cores
+    python benchmarks/compare.py --quick    # <= 10 min, 1 seed, short runs (checks the pipeline, not the method)
+"""
+
+import sys
+
+from vlm_grpoma.compare.main import main
+
+if __name__ == "__main__":
+    sys.exit(main())

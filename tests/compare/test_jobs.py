@@ -1,0 +1,54 @@
+"""The command runner with real (cheap) ``vlm-grpoma make-data`` commands: order, reuse, reruns, failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlm_grpoma.compare.jobs import MARKER, Job, JobFailed, run_jobs
+
+
+def _make_data(name: str, out, n: int = 2, after: tuple[str, ...] = ()) -> Job:
+    return Job(name, ("make-data", "--task", "detection", "--source", "shapes", "--n", str(n), "--difficulty", "easy",
+                      "--out", str(out)), out, after)
+
+
+def test_runs_in_dependency_order_then_reuses_finished_jobs_and_reruns_changed_ones(tmp_path):
+    first, second = _make_data("first", tmp_path / "a"), _make_data("second", tmp_path / "b", after=("first",))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "stale.txt").write_text("left by an interrupted run")
+    said: list[str] = []
+    seconds = run_jobs([second, first], workers=2, log_dir=tmp_path / "logs", report=said.append)
+    assert set(seconds) == {"first", "second"} and all(s > 0 for s in seconds.values())
+    assert said.index("[compare] second: started (1/2 done)") > next(i for i, m in enumerate(said)
+                                                                     if m.startswith("[compare] first: finished"))
+    assert not (tmp_path / "b" / "stale.txt").exists()
+    assert len((tmp_path / "b" / "records.jsonl").read_text().splitlines()) == 2
+    assert (tmp_path / "a" / MARKER).is_file() and first.finished_seconds() == pytest.approx(seconds["first"])
+
+    said.clear()
+    again = run_jobs([first, second], workers=1, log_dir=tmp_path / "logs", report=said.append)
+    assert again == seconds and all("done earlier" in m for m in said)
+
+    changed = _make_data("second", tmp_path / "b", n=3, after=("first",))
+    assert changed.finished_seconds() is None  # the marker holds the old command
+    said.clear()
+    run_jobs([first, changed], workers=1, log_dir=tmp_path / "logs", report=said.append)
+    assert said[0].startswith("[compare] first: done earlier") and "[compare] second: started (1/2 done)" in said
+    assert len((tmp_path / "b" / "records.jsonl").read_text().splitlines()) == 3
+
+
+def test_a_failing_command_stops_the_graph_with_its_command_and_log(tmp_path):
+    bad = Job("bad", ("make-data", "--task", "juggling", "--source", "shapes", "--n", "1", "--out",
+                      str(tmp_path / "bad")), tmp_path / "bad")
+    never = _make_data("never", tmp_path / "never", after=("bad",))
+    with pytest.raises(JobFailed, match=r"(?s)bad failed \(exit 2\): vlm-grpoma make-data --task juggling.*"
+                                        r"invalid choice: 'juggling'"):
+        run_jobs([bad, never], workers=2, log_dir=tmp_path / "logs", report=lambda _: None)
+    assert not (tmp_path / "never").exists() and not (tmp_path / "bad" / MARKER).exists()
+
+
+def test_graph_errors_are_caught_before_anything_runs(tmp_path):
+    with pytest.raises(ValueError, match="unknown jobs: \\['ghost'\\]"):
+        run_jobs([_make_data("a", tmp_path / "a", after=("ghost",))], workers=1, log_dir=tmp_path)
+    with pytest.raises(ValueError, match="unique"):
+        run_jobs([_make_data("a", tmp_path / "a"), _make_data("a", tmp_path / "b")], workers=1, log_dir=tmp_path)

@@ -1,0 +1,70 @@
+"""The comparison's plan and command graph: valid configs for every command, waits that point backwards,
+warm-start paths where SFT writes them."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from vlm_grpoma.compare.graph import Layout, build_jobs
+from vlm_grpoma.compare.plan import Arm, ComparePlan
+from vlm_grpoma.config import load_config, validate
+from vlm_grpoma.trainer.run import Run
+
+
+def test_arm_names_round_trip_and_bad_names_say_the_form():
+    assert Arm.parse("T4A4") == Arm(4, 4) and Arm(16, 1).name == "T16A1" and Arm(8, 2).samples == 16
+    for bad in ("T1A4", "T4A0", "4x4", "t4a4"):
+        with pytest.raises(ValueError, match="write T<K>A<M>"):
+            Arm.parse(bad)
+
+
+def test_full_plan_is_the_issue_grid_and_arms_compare_at_equal_samples():
+    plan = ComparePlan.full()
+    assert [t.name for t in plan.tasks] == ["detection", "manipulation"]
+    assert [a.name for a in plan.arms] == ["T4A1", "T16A1", "T4A4", "T8A2"] and plan.seeds == (0, 1, 2)
+    assert {a.samples for a in plan.arms if a.name != "T4A1"} == {16}
+    with pytest.raises(ValueError, match=r"--tasks: unknown task 'grasping'; this plan has detection, manipulation"):
+        plan.select(tasks=["grasping"])
+    small = plan.select(tasks=["manipulation"], arms=["T4A4"], seeds=[2])
+    assert [t.name for t in small.tasks] == ["manipulation"] and small.arms == (Arm(4, 4),) and small.seeds == (2,)
+
+
+@pytest.mark.parametrize("plan", [ComparePlan.full(), ComparePlan.quick()], ids=["full", "quick"])
+def test_every_command_is_valid_and_waits_only_for_earlier_jobs(plan, tmp_path):
+    layout = Layout(tmp_path)
+    jobs = build_jobs(plan, layout)
+    assert len({j.name for j in jobs}) == len(jobs)
+    assert len([j for j in jobs if j.name.startswith("train/")]) == len(plan.tasks) * len(plan.arms) * len(plan.seeds)
+    earlier: set[str] = set()
+    for job in jobs:
+        assert set(job.after) <= earlier, job.name
+        earlier.add(job.name)
+        assert shlex.split(job.command())[1:] == [a.replace(str(Path.cwd()) + "/", "") for a in job.args]
+        if job.args[0] in ("sft", "train"):
+            config = load_config(job.args[2], job.args[3:])
+            validate(config)
+            assert config.logging.output_dir == str(job.out)
+    trains = [j for j in jobs if j.name.startswith("train/")]
+    for task in plan.tasks:
+        task_jobs = [j for j in trains if j.name.startswith(f"train/{task.name}/")]
+        configs = [load_config(j.args[2], j.args[3:]) for j in task_jobs]
+        # arms of a task differ only in K, M, seed and output folder
+        shared = {(c.model.name_or_path, c.data.train_path, tuple(c.data.eval_sets.items()), c.train.steps,
+                   c.optim.learning_rate, c.train.eval_every) for c in configs}
+        assert len(shared) == 1
+        assert configs[0].model.name_or_path == str(layout.warm_start(task))
+        assert sorted(configs[0].data.eval_sets) == sorted(task.eval_records)
+
+
+def test_warm_start_path_is_where_sft_leaves_its_final_model(tmp_path):
+    plan = ComparePlan.quick()
+    task = plan.tasks[0]
+    layout = Layout(tmp_path)
+    sft = next(j for j in build_jobs(plan, layout) if j.name == f"sft/{task.name}")
+    config = load_config(sft.args[2], sft.args[3:])
+    run = Run.__new__(Run)  # final_model_dir needs only the config and the step count
+    run.config, run.step = config, config.train.steps
+    assert run.final_model_dir == layout.warm_start(task)

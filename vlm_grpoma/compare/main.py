@@ -1,0 +1,59 @@
+"""``python benchmarks/compare.py [--quick]``: run every command of the comparison, then write the report."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from vlm_grpoma.compare.graph import Layout, build_jobs
+from vlm_grpoma.compare.jobs import JobFailed, run_jobs
+from vlm_grpoma.compare.plan import ComparePlan
+from vlm_grpoma.compare.report import write_results
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="benchmarks/compare.py", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="the 10-minute version: 1 seed, short runs (a smoke test)")
+    p.add_argument("--out", help="folder for data, models and runs (default runs/compare or runs/compare-quick)")
+    p.add_argument("--docs", default="docs", help="where results.md (results-quick.md) and images/ go")
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
+                   help="commands run at once, one torch thread each (default: the cores this process may use)")
+    p.add_argument("--tasks", nargs="+", help="a subset of the plan's tasks (detection, manipulation)")
+    p.add_argument("--arms", nargs="+", help="a subset of arms, e.g. T4A1 T4A4")
+    p.add_argument("--seeds", nargs="+", type=int, help="a subset of seeds")
+    p.add_argument("--report-only", action="store_true", help="rewrite the report from finished runs")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        plan = (ComparePlan.quick() if args.quick else ComparePlan.full()).select(args.tasks, args.arms, args.seeds)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.workers < 1:
+        print("error: --workers must be >= 1", file=sys.stderr)
+        return 2
+    layout = Layout(Path(args.out or f"runs/compare{'' if plan.name == 'full' else '-' + plan.name}").resolve())
+    jobs = build_jobs(plan, layout)
+    start = time.perf_counter()
+    if args.report_only:
+        seconds = {job.name: job.finished_seconds() for job in jobs}
+        missing = [name for name, s in seconds.items() if s is None]
+        if missing:
+            print(f"error: --report-only needs finished runs; not finished: {', '.join(missing[:5])}", file=sys.stderr)
+            return 1
+    else:
+        print(f"[compare] plan {plan.name}: {len(jobs)} commands, {args.workers} at a time, under {layout.root}")
+        try:
+            seconds = run_jobs(jobs, workers=args.workers, log_dir=layout.logs)
+        except JobFailed as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+    path = write_results(plan, layout, jobs, seconds, Path(args.docs))
+    print(f"[compare] wrote {path} in {(time.perf_counter() - start) / 60:.1f} min")
+    return 0

@@ -1,0 +1,96 @@
+"""What the GRPO-MA vs GRPO comparison runs: tasks, T{K}A{M} arms, seeds, sizes (full and ``--quick``).
+
+Every arm of a task starts from the same SFT warm start and sees the same data; arms differ only in K and M
+(and their seed, which sets the data order and the sampling).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "compare"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One sampling configuration: K thoughts per prompt, M answers per thought (T4A1 = GRPO with 4 samples)."""
+
+    thoughts: int
+    answers: int
+
+    @property
+    def name(self) -> str:
+        return f"T{self.thoughts}A{self.answers}"
+
+    @property
+    def samples(self) -> int:
+        return self.thoughts * self.answers
+
+    @classmethod
+    def parse(cls, text: str) -> Arm:
+        match = re.fullmatch(r"T(\d+)A(\d+)", text)
+        if not match or int(match[1]) < 2 or int(match[2]) < 1:
+            raise ValueError(f"arm {text!r}: write T<K>A<M> with K >= 2 thoughts and M >= 1 answers, e.g. T4A4")
+        return cls(int(match[1]), int(match[2]))
+
+
+@dataclass(frozen=True)
+class TaskSetup:
+    """One task of the comparison: its data, its held-out sets, its warm start and its headline metric."""
+
+    name: str
+    source: str  # make-data --source
+    train_records: int
+    eval_records: dict[str, int]  # held-out set name -> records (the set name is also the data split)
+    sft_steps: int
+    sft_batch: int
+    headline: str  # reward component reported as the held-out score, e.g. "iou" or "manipulation/success"
+    steps: int  # GRPO steps of every arm
+    difficulty: str = ""  # make-data --difficulty (shapes only)
+
+    @property
+    def config(self) -> Path:
+        return CONFIG_DIR / f"{self.name}.yaml"
+
+
+@dataclass(frozen=True)
+class ComparePlan:
+    """Sizes of one comparison; :meth:`full` fits 60 minutes on 2 cores, :meth:`quick` 10 minutes."""
+
+    name: str
+    tasks: tuple[TaskSetup, ...]
+    arms: tuple[Arm, ...] = field(default_factory=lambda: tuple(map(Arm.parse, ("T4A1", "T16A1", "T4A4", "T8A2"))))
+    seeds: tuple[int, ...] = (0, 1, 2)
+    eval_every: int = 20
+    sft_learning_rate: float = 2e-3
+
+    @classmethod
+    def full(cls) -> ComparePlan:
+        return cls("full", (
+            TaskSetup("detection", "shapes", 2000, {"test": 64}, sft_steps=900, sft_batch=32, headline="iou",
+                      steps=100, difficulty="easy"),
+            TaskSetup("manipulation", "sapien", 1500, {"seen": 64, "unseen": 64}, sft_steps=300, sft_batch=16,
+                      headline="manipulation/success", steps=60),
+        ))
+
+    @classmethod
+    def quick(cls) -> ComparePlan:
+        return cls("quick", (
+            TaskSetup("detection", "shapes", 1000, {"test": 32}, sft_steps=300, sft_batch=32, headline="iou",
+                      steps=24, difficulty="easy"),
+            TaskSetup("manipulation", "sapien", 400, {"seen": 32, "unseen": 32}, sft_steps=200, sft_batch=16,
+                      headline="manipulation/success", steps=24),
+        ), seeds=(0,), eval_every=8)
+
+    def select(self, tasks: list[str] | None = None, arms: list[str] | None = None,
+               seeds: list[int] | None = None) -> ComparePlan:
+        """A subset of this plan (unknown task names are an error naming the known ones)."""
+        known = {t.name: t for t in self.tasks}
+        for name in tasks or ():
+            if name not in known:
+                raise ValueError(f"--tasks: unknown task {name!r}; this plan has {', '.join(known)}")
+        return ComparePlan(self.name, tuple(known[n] for n in tasks) if tasks else self.tasks,
+                           tuple(map(Arm.parse, arms)) if arms else self.arms,
+                           tuple(seeds) if seeds else self.seeds, self.eval_every, self.sft_learning_rate)

@@ -1,0 +1,210 @@
+"""``docs/results.md`` and its plots from the comparison's runs: tables (mean ± std over seeds), pairwise
+differences with their standard errors, one figure per task, the exact commands, and the verdicts in words."""
+
+from __future__ import annotations
+
+import math
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vlm_grpoma.compare.graph import Layout
+from vlm_grpoma.compare.jobs import Job
+from vlm_grpoma.compare.plan import ComparePlan, TaskSetup
+from vlm_grpoma.compare.summary import ArmSummary, RunSeries, difference, read_run, summarise
+
+PAIRS = (("T4A4", "T16A1"), ("T4A4", "T4A1"), ("T8A2", "T16A1"))  # (GRPO-MA arm, GRPO arm)
+SMOOTH = 10
+READING = [
+    "## How to read this",
+    "",
+    "- Scale: a 0.8 M-parameter model trained from scratch on 112×112 images, 8 prompts per step, at most a few "
+    "hundred steps, on CPU. The paper trains pretrained 3B–7B models for thousands of steps. These runs test "
+    "whether the method's mechanics show up at toy scale; they cannot confirm or refute the paper's numbers.",
+    "- Fairness: all arms of a task start from the same SFT checkpoint and use the same data, learning rate, "
+    "steps and held-out sets; they differ only in K, M and the seed (data order and sampling). T16A1, T4A4 and "
+    "T8A2 score 16 answers per prompt; T4A1 scores 4. Compare GRPO-MA with T16A1 at equal answers and with T4A1 "
+    "at equal thoughts.",
+    "- Noise: held-out scores are greedy decodes of a few dozen records (one record is 1.6 points of 64), and "
+    "there are only 3 seeds. Differences under two standard errors are reported as within seed noise, "
+    "whatever their sign.",
+    "- Time: two runs share the 2 cores (one torch thread each), so seconds per step are comparable between "
+    "arms of one comparison, not across machines.",
+    "",
+]
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    task: TaskSetup
+    runs: dict[str, list[RunSeries]]  # arm name -> one series per seed
+    arms: list[ArmSummary]
+
+    def arm(self, name: str) -> ArmSummary | None:
+        return next((a for a in self.arms if a.arm == name), None)
+
+
+def collect(plan: ComparePlan, layout: Layout) -> list[TaskResult]:
+    results = []
+    for task in plan.tasks:
+        runs = {arm.name: [read_run(layout.arm(task, arm, seed), task.headline) for seed in plan.seeds]
+                for arm in plan.arms}
+        arms = [summarise(arm.name, arm.samples, runs[arm.name]) for arm in plan.arms]
+        results.append(TaskResult(task, runs, arms))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- plots
+
+
+def _smooth(values: np.ndarray, window: int = SMOOTH) -> np.ndarray:
+    """Trailing moving average (shorter at the start), NaN-aware."""
+    out = np.empty_like(values)
+    for i in range(len(values)):
+        out[i] = np.nanmean(values[max(0, i - window + 1): i + 1])
+    return out
+
+
+def _band(ax, x, runs: list[np.ndarray], label: str, colour, *, smooth: bool = True, style: str = "-") -> None:
+    stacked = np.vstack([_smooth(r) if smooth else r for r in runs])
+    mean = np.nanmean(stacked, axis=0)
+    ax.plot(x, mean, style, color=colour, label=label)
+    if len(runs) > 1:
+        std = np.nanstd(stacked, axis=0, ddof=1)
+        ax.fill_between(x, mean - std, mean + std, color=colour, alpha=0.15, linewidth=0)
+
+
+def plot_task(result: TaskResult, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = dict(zip(result.runs, plt.get_cmap("tab10").colors))
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    (reward_ax, wall_ax, held_ax), (grad_ax, gss_ax, var_ax) = axes
+    headline = result.task.headline
+    for arm, runs in result.runs.items():
+        colour = colours[arm]
+        steps = np.arange(1, runs[0].steps + 1)
+        _band(reward_ax, steps, [r.reward for r in runs], arm, colour)
+        wall = np.mean(np.vstack([r.wall_seconds for r in runs]), axis=0)
+        _band(wall_ax, wall, [r.reward for r in runs], arm, colour)
+        for style, name in zip(("-o", "--s"), sorted(runs[0].held_out)):
+            by_step = [r.held_out[name] for r in runs]
+            at = sorted(by_step[0])
+            _band(held_ax, at, [np.array([b[s] for s in at]) for b in by_step], f"{arm} {name}", colour,
+                  smooth=False, style=style)
+        _band(grad_ax, steps, [r.grad_norm for r in runs], arm, colour)
+        gss_ax.plot(steps, np.nanmax(np.vstack([r.gss for r in runs]), axis=0), color=colour, label=arm, lw=1)
+        if any(np.isfinite(r.thought_variance).any() for r in runs):
+            _band(var_ax, steps, [r.thought_variance for r in runs], arm, colour)
+    reward_ax.set(title=f"training reward ({SMOOTH}-step mean, ±std over seeds)", xlabel="step",
+                  ylabel="mean reward of the K×M answers")
+    wall_ax.set(title="training reward vs training time", xlabel="seconds (rollout + reward + update)")
+    held_ax.set(title=f"held-out greedy {headline} (step 0 = SFT warm start)", xlabel="step", ylabel=headline)
+    grad_ax.set(title="gradient norm before clipping", xlabel="step", yscale="log")
+    gss_ax.set(title="gradient spike score (max over seeds)", xlabel="step", ylabel="GSS")
+    gss_ax.axhline(10, color="grey", ls=":", lw=1)
+    var_ax.set(title="thought-advantage variance estimate (M ≥ 2)", xlabel="step")
+    for ax in axes.flat:
+        if ax.lines:
+            ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{result.task.name}: GRPO (T·A1) vs GRPO-MA from one SFT warm start")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- markdown
+
+
+def _table(result: TaskResult) -> list[str]:
+    sets = sorted({name for arm in result.arms for name in arm.held_out_end})
+    head = result.task.headline
+    columns = ["arm", "answers/prompt", *(f"held-out {head} ({s})" for s in sets), "train reward, first 10",
+               "train reward, last 10", "GSS@10 steps", "max GSS", "mean grad norm", "thought-adv var. est.",
+               "s/step", "rollout / reward / update s", "minutes"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    first = result.arms[0]
+    start = [first.held_out_start[s].text() for s in sets]
+    lines.append("| SFT warm start | — | " + " | ".join(start) + " |" + " — |" * (len(columns) - 2 - len(sets)))
+    for a in result.arms:
+        phases = " / ".join(f"{a.phase_seconds[p].mean:.2f}" for p in ("rollout", "reward", "update"))
+        cells = [a.arm, str(a.samples), *(a.held_out_end[s].text() for s in sets), a.reward_start.text(),
+                 a.reward_end.text(), a.gss10.text(1), a.gss_max.text(2), a.grad_norm.text(3),
+                 a.thought_variance.text(3), a.step_seconds.text(2), phases, a.train_minutes.text(1)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _verdicts(result: TaskResult) -> list[str]:
+    lines = []
+    head = result.task.headline
+    for ma, grpo in PAIRS:
+        a, b = result.arm(ma), result.arm(grpo)
+        if a is None or b is None:
+            continue
+        parts = [f"held-out {head} ({s}) {difference(a.held_out_end[s], b.held_out_end[s]).text()}"
+                 for s in sorted(a.held_out_end)]
+        parts.append(f"last-10 training reward {difference(a.reward_end, b.reward_end).text()}")
+        parts.append(f"GSS@10 steps {difference(a.gss10, b.gss10).text()}")
+        ratio = a.step_seconds.mean / b.step_seconds.mean if b.step_seconds.mean else math.nan
+        parts.append(f"time per step ×{ratio:.2f}")
+        lines.append(f"- **{ma} − {grpo}**: " + "; ".join(parts) + ".")
+    for a in result.arms:
+        gain = difference(a.reward_end, a.reward_start)
+        lines.append(f"- {a.arm} training reward, last 10 − first 10 steps: {gain.text()}.")
+    return lines
+
+
+def write_results(plan: ComparePlan, layout: Layout, jobs: list[Job], seconds: dict[str, float],
+                  docs: Path, *, images_prefix: str = "compare") -> Path:
+    """Write ``docs/results.md`` and ``docs/images/<prefix>_<task>.png``; returns the markdown path."""
+    results = collect(plan, layout)
+    total_minutes = sum(seconds.values()) / 60
+    lines = [
+        "# Results: GRPO-MA vs GRPO at CPU scale",
+        "",
+        "Generated by `python benchmarks/compare.py" + (" --quick" if plan.name == "quick" else "") + "` — "
+        "do not edit by hand; rerun it. Every number below comes from the commands listed at the end, run as "
+        "separate processes with one torch thread each.",
+        "",
+        f"- Plan `{plan.name}`: arms {', '.join(a.name for a in plan.arms)}; seeds {list(plan.seeds)}; "
+        f"GRPO runs of 8 prompts per step; held-out greedy evaluation every {plan.eval_every} steps.",
+        "- Model: tiny Qwen2.5-VL (`make-tiny-model --preset small`, 0.8 M parameters), built offline; one SFT "
+        "warm start per task shared by all of its arms.",
+        f"- Machine: {platform.machine()}, {_cores()} cores; sum of job times {total_minutes:.1f} min "
+        f"(jobs overlap: wall time is lower).",
+        "- Statistics: mean ± sample std over seeds. A difference is \"higher\"/\"lower\" only when it exceeds "
+        "two standard errors of the difference of seed means; otherwise it is reported as within seed noise.",
+        "",
+    ]
+    lines += READING
+    for result in results:
+        image = plot_task(result, docs / "images" / f"{images_prefix}_{result.task.name}.png")
+        t = result.task
+        sets = ", ".join(f"{name} ({n} records)" for name, n in t.eval_records.items())
+        lines += [f"## {t.name}", "",
+                  f"{t.train_records} training records ({t.source}); held-out: {sets}; SFT warm start "
+                  f"{t.sft_steps} steps of {t.sft_batch}; {t.steps} GRPO steps per run. Headline metric: `{t.headline}` of the greedy answer.",
+                  "", *_table(result), "", *_verdicts(result), "",
+                  f"![{t.name}](images/{image.name})", ""]
+    lines += ["## Commands", "", "Run from the repository root (what `benchmarks/compare.py` ran, in order):", "",
+              "```", *(job.command() for job in jobs), "```", "",
+              "Job times (s): " + ", ".join(f"{name} {s:.0f}" for name, s in seconds.items() if
+                                            not name.startswith("train/")), ""]
+    path = docs / ("results.md" if plan.name == "full" else f"results-{plan.name}.md")
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
