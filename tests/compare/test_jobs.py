@@ -36,6 +36,11 @@ def test_runs_in_dependency_order_then_reuses_finished_jobs_and_reruns_changed_o
     assert said[0].startswith("[compare] first: done earlier") and "[compare] second: started (1/2 done)" in said
     assert len((tmp_path / "b" / "records.jsonl").read_text().splitlines()) == 3
 
+    (tmp_path / "a" / MARKER).unlink()  # the upstream job is rebuilt: what waited for it must be rebuilt too
+    said.clear()
+    run_jobs([first, changed], workers=1, log_dir=tmp_path / "logs", report=said.append)
+    assert [m.split(":")[0] for m in said if "started" in m] == ["[compare] first", "[compare] second"]
+
 
 def test_a_failing_command_stops_the_graph_with_its_command_and_log(tmp_path):
     bad = Job("bad", ("make-data", "--task", "juggling", "--source", "shapes", "--n", "1", "--out",

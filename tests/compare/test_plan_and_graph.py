@@ -4,7 +4,6 @@ warm-start paths where SFT writes them."""
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
 import pytest
 
@@ -30,11 +29,14 @@ def test_full_plan_is_the_issue_grid_and_arms_compare_at_equal_samples():
         plan.select(tasks=["grasping"])
     small = plan.select(tasks=["manipulation"], arms=["T4A4"], seeds=[2])
     assert [t.name for t in small.tasks] == ["manipulation"] and small.arms == (Arm(4, 4),) and small.seeds == (2,)
+    assert small.name == "full-subset" and small.arguments == " --tasks manipulation --arms T4A4 --seeds 2"
+    assert plan.select() is plan and ComparePlan.quick().select(seeds=[1]).arguments == " --quick --seeds 1"
 
 
 @pytest.mark.parametrize("plan", [ComparePlan.full(), ComparePlan.quick()], ids=["full", "quick"])
-def test_every_command_is_valid_and_waits_only_for_earlier_jobs(plan, tmp_path):
-    layout = Layout(tmp_path)
+def test_every_command_is_valid_and_waits_only_for_earlier_jobs(plan, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    layout = Layout(tmp_path / "runs")
     jobs = build_jobs(plan, layout)
     assert len({j.name for j in jobs}) == len(jobs)
     assert len([j for j in jobs if j.name.startswith("train/")]) == len(plan.tasks) * len(plan.arms) * len(plan.seeds)
@@ -42,7 +44,9 @@ def test_every_command_is_valid_and_waits_only_for_earlier_jobs(plan, tmp_path):
     for job in jobs:
         assert set(job.after) <= earlier, job.name
         earlier.add(job.name)
-        assert shlex.split(job.command())[1:] == [a.replace(str(Path.cwd()) + "/", "") for a in job.args]
+        command = shlex.split(job.command())
+        assert command[0] == "vlm-grpoma" and str(tmp_path) not in job.command()  # paths relative to the checkout
+        assert command[1:] == [a.replace(f"{tmp_path}/", "") for a in job.args]
         if job.args[0] in ("sft", "train"):
             config = load_config(job.args[2], job.args[3:])
             validate(config)

@@ -14,7 +14,7 @@ import pytest
 from vlm_grpoma.compare.graph import Layout, build_jobs
 from vlm_grpoma.compare.plan import ComparePlan
 from vlm_grpoma.compare.report import write_results
-from vlm_grpoma.compare.summary import Stat, difference, read_run, summarise
+from vlm_grpoma.compare.summary import Stat, difference, paired_difference, read_run, summarise
 
 STEPS = 24
 
@@ -87,16 +87,36 @@ def test_summary_statistics_match_the_statistics_module(tmp_path):
     assert summary.train_minutes.mean == pytest.approx((STEPS * 1.5 + 3 * 2.0) / 60)
 
 
-def test_difference_is_judged_by_two_standard_errors():
-    a, b = Stat(1.0, 0.1, 3), Stat(0.5, 0.1, 3)
+def test_verdicts_are_t_tests_at_the_five_percent_level():
+    from scipy import stats as scipy_stats
+
+    a, b = Stat.of([1.0, 1.1, 0.9]), Stat.of([0.5, 0.6, 0.4])
+    welch = scipy_stats.ttest_ind([1.0, 1.1, 0.9], [0.5, 0.6, 0.4], equal_var=False)
     d = difference(a, b)
-    assert d.se == pytest.approx(math.sqrt(0.01 / 3 + 0.01 / 3)) and d.clear and "(higher)" in d.text()
-    assert "(lower)" in difference(b, a).text()
-    near = difference(Stat(0.52, 0.1, 3), b)
-    assert not near.clear and "within seed noise" in near.text()
-    assert "one seed" in difference(Stat(1.0, math.nan, 1), Stat(0.5, math.nan, 1)).text()
+    assert d.se == pytest.approx(math.sqrt(0.01 / 3 + 0.01 / 3)) and d.df == pytest.approx(4.0)
+    assert d.diff / d.se == pytest.approx(welch.statistic) and d.clear == (welch.pvalue < 0.05)
+    assert "(higher)" in d.text() and "(lower)" in difference(b, a).text()
+    # 2.2 standard errors: "clear" under a normal approximation, not under the t-test with 4 degrees of freedom
+    near = difference(Stat.of([0.5 + 2.2 * d.se, 0.6 + 2.2 * d.se, 0.4 + 2.2 * d.se]), b)
+    assert near.diff / near.se == pytest.approx(2.2) and not near.clear and "within seed noise" in near.text()
+    assert "one seed" in difference(Stat.of([1.0]), Stat.of([0.5])).text()
     assert difference(Stat.of([]), b).text() == "not measured"
-    assert Stat.of([0.1, None, math.nan, 0.3]).n == 2
+    assert "higher, on every seed" in difference(Stat.of([0.3, 0.3]), Stat.of([0.1, 0.1])).text()
+    assert not difference(Stat.of([0.3, 0.3]), Stat.of([0.3, 0.3])).clear
+
+
+def test_paired_difference_matches_scipy_and_missing_seeds_are_shown():
+    from scipy import stats as scipy_stats
+
+    before, after = [0.20, 0.50, 0.35], [0.26, 0.55, 0.42]
+    paired = paired_difference(Stat.of(after), Stat.of(before))
+    reference = scipy_stats.ttest_rel(after, before)
+    assert paired.diff / paired.se == pytest.approx(reference.statistic) and paired.df == 2
+    assert paired.clear == (reference.pvalue < 0.05)
+    # unpaired, the seed-to-seed spread would hide the same gain
+    assert not difference(Stat.of(after), Stat.of(before)).clear
+    partial = Stat.of([0.1, None, math.nan, 0.3])
+    assert partial.n == 2 and partial.text() == "0.200 ± 0.141 (n=2)"
 
 
 def test_report_writes_table_verdicts_commands_and_figure(tmp_path):
@@ -105,10 +125,14 @@ def test_report_writes_table_verdicts_commands_and_figure(tmp_path):
     jobs = build_jobs(plan, layout)
     path = write_results(plan, layout, jobs, {job.name: 1.0 for job in jobs}, tmp_path / "docs")
     text = path.read_text()
-    assert path.name == "results-quick.md" and (tmp_path / "docs" / "images" / "compare_detection.png").stat().st_size > 10_000
+    figure = tmp_path / "docs" / "images" / "compare-quick-subset_detection.png"
+    assert path.name == "results-quick-subset.md" and figure.stat().st_size > 10_000
+    assert "![detection](images/compare-quick-subset_detection.png)" in text
     assert "| SFT warm start | — | 0.100 ± 0.000 |" in text
     assert "| T4A4 | 16 | 0.610 ± 0.010 |" in text  # 0.30 + 0.3 lift + 0.01 * seed over seeds 0, 1, 2
     assert "- **T4A4 − T4A1**: held-out iou (test) +0.300 ± 0.008 (higher)" in text
+    assert "32+ records per set" in text and "over 3 seeds per arm" in text  # the reading notes use this plan's sizes
+    assert "`python benchmarks/compare.py --quick --tasks detection --arms T4A1 T4A4`" in text
     assert "T4A1 training reward, last 10 − first 10 steps: +0.1" in text
     for job in jobs:
         assert job.command() in text

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,8 +64,13 @@ def _sft_job(layout: Layout, plan: ComparePlan, task: TaskSetup) -> Job:
     return Job(f"sft/{task.name}", args, layout.sft(task), after=("model", f"data/{task.name}/train"))
 
 
+def _yaml_scalar(text: str) -> str:
+    """``text`` as it can stand in a YAML flow mapping: bare when that parses back unchanged, else quoted."""
+    return json.dumps(text) if re.search(r"[:,\[\]{}#&*!|>'\"%@`]|^\s|\s$", text) else text
+
+
 def arm_job(layout: Layout, plan: ComparePlan, task: TaskSetup, arm: Arm, seed: int) -> Job:
-    eval_sets = ", ".join(f"{name}: {layout.records(task, name)}" for name in task.eval_records)
+    eval_sets = ", ".join(f"{name}: {_yaml_scalar(str(layout.records(task, name)))}" for name in task.eval_records)
     args = ("train", "--config", str(task.config), f"model.name_or_path={layout.warm_start(task)}",
             f"data.train_path={layout.records(task, 'train')}", f"data.eval_sets={{{eval_sets}}}",
             f"rollout.num_thoughts={arm.thoughts}", f"rollout.answers_per_thought={arm.answers}",

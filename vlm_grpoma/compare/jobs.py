@@ -1,9 +1,10 @@
 """The comparison as a graph of ``vlm-grpoma`` commands, run a few at a time as separate processes.
 
 Each job is one CLI command (so every number in the report comes from commands a user can paste) with an
-output folder and the jobs it waits for. A finished job leaves ``.compare-done`` (its command and seconds) in
-that folder; a rerun skips a job whose marker holds the same command and clears a folder that has none
-(a run stopped half-way would otherwise append to its metrics).
+output folder and the jobs it waits for. A finished job leaves ``.compare-done`` in that folder: its command,
+seconds, a run id, the run ids of the jobs it waited for and the package version. A rerun keeps a job only
+when all of those still hold (so rebuilding a warm start reruns every arm that started from it) and clears
+the folder of any job it runs (a run stopped half-way would otherwise append to its metrics).
 """
 
 from __future__ import annotations
@@ -15,12 +16,18 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from vlm_grpoma import __version__
+from vlm_grpoma.trainer.engine import free_port
+
 MARKER = ".compare-done"
 REPO = Path(__file__).resolve().parents[2]
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                      "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE")
 
 
 @dataclass(frozen=True)
@@ -36,13 +43,20 @@ class Job:
         """The command line as a user would type it from the repository root."""
         return "vlm-grpoma " + shlex.join(_relative(a) for a in self.args)
 
-    def finished_seconds(self) -> float | None:
-        """Seconds the job took when its folder holds this exact command's marker, else None."""
-        marker = self.out / MARKER
-        if not marker.is_file():
+    def marker(self) -> dict | None:
+        """The finished-job marker in ``out`` when it records this exact command and package version."""
+        path = self.out / MARKER
+        try:
+            done = json.loads(path.read_text())
+        except (OSError, ValueError):
             return None
-        done = json.loads(marker.read_text())
-        return float(done["seconds"]) if done.get("command") == self.command() else None
+        same = done.get("command") == self.command() and done.get("version") == __version__
+        return done if same else None
+
+    def finished_seconds(self) -> float | None:
+        """Seconds the job took when its marker matches (its dependencies are not checked here)."""
+        done = self.marker()
+        return None if done is None else float(done["seconds"])
 
 
 def _relative(arg: str) -> str:
@@ -63,12 +77,42 @@ def _executable() -> str:
 
 
 def _environment(threads: int) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
-    for launcher_variable in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
-        env.pop(launcher_variable, None)  # each job is its own one-process run
-    return env
+    return env  # each job is its own one-process run; run_jobs gives each a distinct MASTER_PORT
+
+
+def _distinct_port(taken: set[str]) -> str:
+    """A free port no running job was given (two jobs started together must not rendezvous on one port)."""
+    while (port := str(free_port())) in taken:
+        pass
+    return port
+
+
+def _kept(jobs: Sequence[Job]) -> dict[str, dict]:
+    """Markers of the jobs a rerun can keep: same command and version, and every job waited for kept with the
+    run id the marker recorded. ``jobs`` is in an order where dependencies come first."""
+    kept: dict[str, dict] = {}
+    for job in jobs:
+        done = job.marker()
+        if done is not None and all(dep in kept and done.get("after", {}).get(dep) == kept[dep]["run_id"]
+                                    for dep in job.after):
+            kept[job.name] = done
+    return kept
+
+
+def _topological(jobs: Sequence[Job]) -> list[Job]:
+    ordered, placed, waiting = [], set(), list(jobs)
+    while waiting:
+        ready = [j for j in waiting if set(j.after) <= placed]
+        if not ready:
+            raise ValueError(f"jobs wait for each other in a cycle: {[j.name for j in waiting]}")
+        for job in ready:
+            ordered.append(job)
+            placed.add(job.name)
+            waiting.remove(job)
+    return ordered
 
 
 def run_jobs(jobs: Sequence[Job], *, workers: int, log_dir: Path,
@@ -84,36 +128,34 @@ def run_jobs(jobs: Sequence[Job], *, workers: int, log_dir: Path,
     unknown = {dep for job in jobs for dep in job.after} - set(names)
     if unknown:
         raise ValueError(f"jobs wait for unknown jobs: {sorted(unknown)}")
+    ordered = _topological(jobs)
     log_dir.mkdir(parents=True, exist_ok=True)
     executable, env = _executable(), _environment(threads=1)
-    seconds: dict[str, float] = {}
-    pending = list(jobs)
-    for job in list(pending):
-        if (done := job.finished_seconds()) is not None:
-            seconds[job.name] = done
-            pending.remove(job)
-            report(f"[compare] {job.name}: done earlier ({done:.0f} s), kept")
-    running: dict[str, tuple[Job, subprocess.Popen, float, Path]] = {}
+    done = _kept(ordered)
+    for name, marker in done.items():
+        report(f"[compare] {name}: done earlier ({marker['seconds']:.0f} s), kept")
+    pending = [job for job in ordered if job.name not in done]
+    running: dict[str, tuple[Job, subprocess.Popen, float, Path, str]] = {}
     failure: str | None = None
     while pending or running:
         while failure is None and len(running) < workers:
-            ready = next((j for j in pending if all(dep in seconds for dep in j.after)), None)
+            ready = next((j for j in pending if all(dep in done for dep in j.after)), None)
             if ready is None:
                 break
             pending.remove(ready)
-            shutil.rmtree(ready.out, ignore_errors=True)
+            if ready.out.exists():
+                shutil.rmtree(ready.out)
             log = log_dir / (ready.name.replace("/", "__") + ".log")
+            port = _distinct_port({port for *_, port in running.values()})
             with log.open("w") as handle:
                 process = subprocess.Popen([executable, *ready.args], stdout=handle, stderr=subprocess.STDOUT,
-                                           env=env, cwd=Path.cwd())
-            running[ready.name] = (ready, process, time.perf_counter(), log)
-            report(f"[compare] {ready.name}: started ({len(seconds)}/{len(jobs)} done)")
-        if failure is not None and not running:
-            break
+                                           env={**env, "MASTER_PORT": port}, cwd=Path.cwd())
+            running[ready.name] = (ready, process, time.perf_counter(), log, port)
+            report(f"[compare] {ready.name}: started ({len(done)}/{len(jobs)} done)")
         if not running:
-            raise JobFailed(f"jobs wait for each other in a cycle: {[j.name for j in pending]}")
+            break  # a failure stopped new jobs (pending jobs always become ready: the graph has no cycle)
         time.sleep(0.5)
-        for name, (job, process, started, log) in list(running.items()):
+        for name, (job, process, started, log, _) in list(running.items()):
             if process.poll() is None:
                 continue
             del running[name]
@@ -123,9 +165,11 @@ def run_jobs(jobs: Sequence[Job], *, workers: int, log_dir: Path,
                 failure = failure or f"{job.name} failed (exit {process.returncode}): {job.command()}\nlog {log}:\n{tail}"
                 continue
             job.out.mkdir(parents=True, exist_ok=True)
-            (job.out / MARKER).write_text(json.dumps({"command": job.command(), "seconds": elapsed}))
-            seconds[name] = elapsed
+            marker = {"command": job.command(), "seconds": elapsed, "run_id": uuid.uuid4().hex,
+                      "after": {dep: done[dep]["run_id"] for dep in job.after}, "version": __version__}
+            (job.out / MARKER).write_text(json.dumps(marker))
+            done[name] = marker
             report(f"[compare] {job.name}: finished in {elapsed:.0f} s")
     if failure is not None:
         raise JobFailed(failure)
-    return seconds
+    return {job.name: float(done[job.name]["seconds"]) for job in jobs}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -11,7 +10,9 @@ from pathlib import Path
 from vlm_grpoma.compare.graph import Layout, build_jobs
 from vlm_grpoma.compare.jobs import JobFailed, run_jobs
 from vlm_grpoma.compare.plan import ComparePlan
-from vlm_grpoma.compare.report import write_results
+from vlm_grpoma.compare.report import usable_cores, write_results
+
+ROOT_MARKER = ".compare-root"  # the folder was made by this script: its job folders may be cleared and rebuilt
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -19,7 +20,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="the 10-minute version: 1 seed, short runs (a smoke test)")
     p.add_argument("--out", help="folder for data, models and runs (default runs/compare or runs/compare-quick)")
     p.add_argument("--docs", default="docs", help="where results.md (results-quick.md) and images/ go")
-    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
+    p.add_argument("--workers", type=int, default=usable_cores(),
                    help="commands run at once, one torch thread each (default: the cores this process may use)")
     p.add_argument("--tasks", nargs="+", help="a subset of the plan's tasks (detection, manipulation)")
     p.add_argument("--arms", nargs="+", help="a subset of arms, e.g. T4A1 T4A4")
@@ -38,7 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1:
         print("error: --workers must be >= 1", file=sys.stderr)
         return 2
-    layout = Layout(Path(args.out or f"runs/compare{'' if plan.name == 'full' else '-' + plan.name}").resolve())
+    default_out = "runs/compare" + ("-quick" if args.quick else "")
+    layout = Layout(Path(args.out or default_out).resolve())
+    root = layout.root
+    if root.exists() and any(root.iterdir()) and not (root / ROOT_MARKER).exists():
+        print(f"error: --out {root} holds files this script did not make; it clears and rebuilds job folders "
+              "there, so choose a new or empty folder", file=sys.stderr)
+        return 1
+    root.mkdir(parents=True, exist_ok=True)
+    (root / ROOT_MARKER).touch()
     jobs = build_jobs(plan, layout)
     start = time.perf_counter()
     if args.report_only:

@@ -7,7 +7,7 @@ Every arm of a task starts from the same SFT warm start and sees the same data; 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "compare"
@@ -65,6 +65,7 @@ class ComparePlan:
     seeds: tuple[int, ...] = (0, 1, 2)
     eval_every: int = 20
     sft_learning_rate: float = 2e-3
+    arguments: str = ""  # the benchmarks/compare.py arguments that give this plan
 
     @classmethod
     def full(cls) -> ComparePlan:
@@ -82,15 +83,21 @@ class ComparePlan:
                       steps=24, difficulty="easy"),
             TaskSetup("manipulation", "sapien", 400, {"seen": 32, "unseen": 32}, sft_steps=200, sft_batch=16,
                       headline="manipulation/success", steps=24),
-        ), seeds=(0,), eval_every=8)
+        ), seeds=(0,), eval_every=8, arguments=" --quick")
 
     def select(self, tasks: list[str] | None = None, arms: list[str] | None = None,
                seeds: list[int] | None = None) -> ComparePlan:
-        """A subset of this plan (unknown task names are an error naming the known ones)."""
+        """A subset of this plan, named ``<name>-subset`` (unknown task names are an error naming the known ones)."""
+        if not (tasks or arms or seeds):
+            return self
         known = {t.name: t for t in self.tasks}
         for name in tasks or ():
             if name not in known:
                 raise ValueError(f"--tasks: unknown task {name!r}; this plan has {', '.join(known)}")
-        return ComparePlan(self.name, tuple(known[n] for n in tasks) if tasks else self.tasks,
-                           tuple(map(Arm.parse, arms)) if arms else self.arms,
-                           tuple(seeds) if seeds else self.seeds, self.eval_every, self.sft_learning_rate)
+        chosen = [(flag, values) for flag, values in (("--tasks", tasks), ("--arms", arms), ("--seeds", seeds))
+                  if values]
+        arguments = self.arguments + "".join(f" {flag} {' '.join(map(str, values))}" for flag, values in chosen)
+        return replace(self, name=f"{self.name}-subset", arguments=arguments,
+                       tasks=tuple(known[n] for n in tasks) if tasks else self.tasks,
+                       arms=tuple(map(Arm.parse, arms)) if arms else self.arms,
+                       seeds=tuple(seeds) if seeds else self.seeds)

@@ -4,6 +4,7 @@ differences with their standard errors, one figure per task, the exact commands,
 from __future__ import annotations
 
 import math
+import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,27 +14,45 @@ import numpy as np
 from vlm_grpoma.compare.graph import Layout
 from vlm_grpoma.compare.jobs import Job
 from vlm_grpoma.compare.plan import ComparePlan, TaskSetup
-from vlm_grpoma.compare.summary import ArmSummary, RunSeries, difference, read_run, summarise
+from vlm_grpoma.compare.summary import (
+    ArmSummary,
+    RunSeries,
+    difference,
+    paired_difference,
+    read_run,
+    summarise,
+)
 
 PAIRS = (("T4A4", "T16A1"), ("T4A4", "T4A1"), ("T8A2", "T16A1"))  # (GRPO-MA arm, GRPO arm)
 SMOOTH = 10
-READING = [
-    "## How to read this",
-    "",
-    "- Scale: a 0.8 M-parameter model trained from scratch on 112×112 images, 8 prompts per step, at most a few "
-    "hundred steps, on CPU. The paper trains pretrained 3B–7B models for thousands of steps. These runs test "
-    "whether the method's mechanics show up at toy scale; they cannot confirm or refute the paper's numbers.",
-    "- Fairness: all arms of a task start from the same SFT checkpoint and use the same data, learning rate, "
-    "steps and held-out sets; they differ only in K, M and the seed (data order and sampling). T16A1, T4A4 and "
-    "T8A2 score 16 answers per prompt; T4A1 scores 4. Compare GRPO-MA with T16A1 at equal answers and with T4A1 "
-    "at equal thoughts.",
-    "- Noise: held-out scores are greedy decodes of a few dozen records (one record is 1.6 points of 64), and "
-    "there are only 3 seeds. Differences under two standard errors are reported as within seed noise, "
-    "whatever their sign.",
-    "- Time: two runs share the 2 cores (one torch thread each), so seconds per step are comparable between "
-    "arms of one comparison, not across machines.",
-    "",
-]
+
+
+def _reading(plan: ComparePlan) -> list[str]:
+    """How to read the tables, with this plan's sizes."""
+    seeds = len(plan.seeds)
+    records = min(n for task in plan.tasks for n in task.eval_records.values())
+    return [
+        "## How to read this",
+        "",
+        "- Scale: a 0.8 M-parameter model trained from scratch on 112×112 images, 8 prompts per step, at most a "
+        "few hundred steps, on CPU. The paper trains pretrained 3B–7B models for thousands of steps. These runs "
+        "test whether the method's mechanics show up at toy scale; they cannot confirm or refute the paper's "
+        "numbers.",
+        "- Fairness: all arms of a task start from the same SFT checkpoint and use the same data, learning rate, "
+        "steps and held-out sets; they differ only in K, M and the seed (data order and sampling). T16A1, T4A4 "
+        "and T8A2 score 16 answers per prompt; T4A1 scores 4. Compare GRPO-MA with T16A1 at equal answers and "
+        "with T4A1 at equal thoughts.",
+        f"- Noise: held-out scores are greedy decodes of {records}+ records per set (one record moves a score by "
+        f"{100 / records:.1f} points on the smallest set), over {seeds} seed{'s' if seeds > 1 else ''} per arm. A "
+        "difference is followed by its standard error and called higher/lower only when a two-sided t-test "
+        "(Welch's between arms, paired for an arm's own start and end) rejects equality at the 5 % level; "
+        "with 3 seeds that needs roughly 3–4 standard errors. About one in twenty comparisons of truly equal "
+        "arms is still flagged by chance, and each task makes a dozen.",
+        "- Time: jobs run two at a time on the 2 cores (one torch thread each), so the other half of the "
+        "machine is busy with a different arm (and, for manipulation, a SAPIEN worker); seconds per step are "
+        "indicative to roughly ±20 % between arms and not comparable across machines.",
+        "",
+    ]
 
 
 @dataclass(frozen=True)
@@ -131,12 +150,12 @@ def _table(result: TaskResult) -> list[str]:
                "train reward, last 10", "GSS@10 steps", "max GSS", "mean grad norm", "thought-adv var. est.",
                "s/step", "rollout / reward / update s", "minutes"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    first = result.arms[0]
-    start = [first.held_out_start[s].text() for s in sets]
+    start = [next(a.held_out_start[s] for a in result.arms if s in a.held_out_start).text() for s in sets]
     lines.append("| SFT warm start | — | " + " | ".join(start) + " |" + " — |" * (len(columns) - 2 - len(sets)))
     for a in result.arms:
         phases = " / ".join(f"{a.phase_seconds[p].mean:.2f}" for p in ("rollout", "reward", "update"))
-        cells = [a.arm, str(a.samples), *(a.held_out_end[s].text() for s in sets), a.reward_start.text(),
+        cells = [a.arm, str(a.samples), *(a.held_out_end[s].text() if s in a.held_out_end else "—" for s in sets),
+                 a.reward_start.text(),
                  a.reward_end.text(), a.gss10.text(1), a.gss_max.text(2), a.grad_norm.text(3),
                  a.thought_variance.text(3), a.step_seconds.text(2), phases, a.train_minutes.text(1)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -151,27 +170,35 @@ def _verdicts(result: TaskResult) -> list[str]:
         if a is None or b is None:
             continue
         parts = [f"held-out {head} ({s}) {difference(a.held_out_end[s], b.held_out_end[s]).text()}"
-                 for s in sorted(a.held_out_end)]
+                 for s in sorted(set(a.held_out_end) & set(b.held_out_end))]
         parts.append(f"last-10 training reward {difference(a.reward_end, b.reward_end).text()}")
         parts.append(f"GSS@10 steps {difference(a.gss10, b.gss10).text()}")
         ratio = a.step_seconds.mean / b.step_seconds.mean if b.step_seconds.mean else math.nan
         parts.append(f"time per step ×{ratio:.2f}")
         lines.append(f"- **{ma} − {grpo}**: " + "; ".join(parts) + ".")
     for a in result.arms:
-        gain = difference(a.reward_end, a.reward_start)
+        gain = paired_difference(a.reward_end, a.reward_start)
         lines.append(f"- {a.arm} training reward, last 10 − first 10 steps: {gain.text()}.")
     return lines
 
 
+def report_names(plan: ComparePlan) -> tuple[str, str]:
+    """(markdown file, image prefix): ``results.md`` / ``compare_`` for the full plan, suffixed otherwise."""
+    if plan.name == "full":
+        return "results.md", "compare"
+    return f"results-{plan.name}.md", f"compare-{plan.name}"
+
+
 def write_results(plan: ComparePlan, layout: Layout, jobs: list[Job], seconds: dict[str, float],
-                  docs: Path, *, images_prefix: str = "compare") -> Path:
-    """Write ``docs/results.md`` and ``docs/images/<prefix>_<task>.png``; returns the markdown path."""
+                  docs: Path) -> Path:
+    """Write the markdown report and one figure per task under ``docs``; returns the markdown path."""
+    markdown, images_prefix = report_names(plan)
     results = collect(plan, layout)
     total_minutes = sum(seconds.values()) / 60
     lines = [
         "# Results: GRPO-MA vs GRPO at CPU scale",
         "",
-        "Generated by `python benchmarks/compare.py" + (" --quick" if plan.name == "quick" else "") + "` — "
+        f"Generated by `python benchmarks/compare.py{plan.arguments}` — "
         "do not edit by hand; rerun it. Every number below comes from the commands listed at the end, run as "
         "separate processes with one torch thread each.",
         "",
@@ -179,13 +206,13 @@ def write_results(plan: ComparePlan, layout: Layout, jobs: list[Job], seconds: d
         f"GRPO runs of 8 prompts per step; held-out greedy evaluation every {plan.eval_every} steps.",
         "- Model: tiny Qwen2.5-VL (`make-tiny-model --preset small`, 0.8 M parameters), built offline; one SFT "
         "warm start per task shared by all of its arms.",
-        f"- Machine: {platform.machine()}, {_cores()} cores; sum of job times {total_minutes:.1f} min "
+        f"- Machine: {platform.machine()}, {usable_cores()} cores; sum of job times {total_minutes:.1f} min "
         f"(jobs overlap: wall time is lower).",
         "- Statistics: mean ± sample std over seeds. A difference is \"higher\"/\"lower\" only when it exceeds "
         "two standard errors of the difference of seed means; otherwise it is reported as within seed noise.",
         "",
     ]
-    lines += READING
+    lines += _reading(plan)
     for result in results:
         image = plot_task(result, docs / "images" / f"{images_prefix}_{result.task.name}.png")
         t = result.task
@@ -199,12 +226,11 @@ def write_results(plan: ComparePlan, layout: Layout, jobs: list[Job], seconds: d
               "```", *(job.command() for job in jobs), "```", "",
               "Job times (s): " + ", ".join(f"{name} {s:.0f}" for name, s in seconds.items() if
                                             not name.startswith("train/")), ""]
-    path = docs / ("results.md" if plan.name == "full" else f"results-{plan.name}.md")
+    path = docs / markdown
     path.write_text("\n".join(lines))
     return path
 
 
-def _cores() -> int:
-    import os
-
+def usable_cores() -> int:
+    """Cores this process may run on (the affinity mask where the platform has one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -1,8 +1,9 @@
 """Numbers of the comparison: each run's metrics.jsonl reduced to per-arm statistics over seeds.
 
 A run's series come from its logged steps; held-out scores from its ``eval/<set>/*`` rows (step 0 is the
-shared warm start). Statistics over seeds are mean and sample standard deviation (NaN with one seed);
-:func:`difference` compares two arms by the difference of their seed means and its standard error.
+shared warm start). Statistics over seeds are mean and sample standard deviation (NaN with one seed).
+:func:`difference` compares two arms (Welch's t-test), :func:`paired_difference` two measurements of the same
+seeds (a paired t-test); both call a difference "higher"/"lower" only at the two-sided 5 % level.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 
 from vlm_grpoma.trainer.logging import METRICS_FILE
 
-WINDOW = 10  # steps averaged for "start" and "end" training reward
+WINDOW = 10  # steps averaged for "start" and "end" training reward (at most half the run, so they never overlap)
+LEVEL = 0.05  # two-sided significance level of the verdicts
 
 
 @dataclass(frozen=True)
@@ -72,23 +75,37 @@ def read_run(run_dir: Path, headline: str) -> RunSeries:
 
 @dataclass(frozen=True)
 class Stat:
-    """Mean and sample standard deviation over seeds (std NaN with one seed)."""
+    """Per-seed values (NaN for a seed without the measurement), their mean and sample standard deviation."""
 
-    mean: float
-    std: float
-    n: int
+    values: tuple[float, ...]
 
     @classmethod
     def of(cls, values) -> Stat:
-        data = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=float)
-        if not len(data):
-            return cls(math.nan, math.nan, 0)
-        return cls(float(data.mean()), float(data.std(ddof=1)) if len(data) > 1 else math.nan, len(data))
+        return cls(tuple(math.nan if v is None else float(v) for v in values))
+
+    @property
+    def finite(self) -> np.ndarray:
+        data = np.array(self.values, dtype=float)
+        return data[np.isfinite(data)]
+
+    @property
+    def n(self) -> int:
+        return len(self.finite)
+
+    @property
+    def mean(self) -> float:
+        return float(self.finite.mean()) if self.n else math.nan
+
+    @property
+    def std(self) -> float:
+        return float(self.finite.std(ddof=1)) if self.n > 1 else math.nan
 
     def text(self, digits: int = 3) -> str:
         if self.n == 0:
             return "—"
-        return f"{self.mean:.{digits}f}" + ("" if math.isnan(self.std) else f" ± {self.std:.{digits}f}")
+        spread = "" if math.isnan(self.std) else f" ± {self.std:.{digits}f}"
+        missing = f" (n={self.n})" if self.n < len(self.values) else ""
+        return f"{self.mean:.{digits}f}{spread}{missing}"
 
 
 @dataclass(frozen=True)
@@ -117,7 +134,7 @@ def summarise(arm: str, samples: int, runs: list[RunSeries]) -> ArmSummary:
     def held(name: str, pick) -> Stat:
         return Stat.of(pick(run.held_out[name]) for run in runs if run.held_out.get(name))
 
-    window = lambda run: min(WINDOW, run.steps)  # noqa: E731 - tiny local helper
+    window = lambda run: max(1, min(WINDOW, run.steps // 2))  # noqa: E731 - tiny local helper
     return ArmSummary(
         arm=arm, samples=samples, seeds=len(runs),
         held_out_start={n: held(n, lambda by_step: by_step.get(0, math.nan)) for n in sets},
@@ -136,31 +153,49 @@ def summarise(arm: str, samples: int, runs: list[RunSeries]) -> ArmSummary:
 
 @dataclass(frozen=True)
 class Difference:
-    """``a - b`` of two arms' seed means with its standard error; ``clear`` when |diff| > 2 standard errors."""
+    """A difference with its standard error and degrees of freedom; ``clear`` at the two-sided 5 % level."""
 
     diff: float
     se: float
+    df: float
 
     @property
     def clear(self) -> bool:
-        return math.isfinite(self.se) and self.se > 0 and abs(self.diff) > 2 * self.se
+        if not (math.isfinite(self.diff) and math.isfinite(self.se)) or self.diff == 0:
+            return False
+        if self.se == 0:  # every seed gave the same value in each arm, and the arms differ
+            return True
+        return abs(self.diff) > stats.t.ppf(1 - LEVEL / 2, self.df) * self.se
 
     def text(self) -> str:
         if not math.isfinite(self.diff):
             return "not measured"
-        spread = "" if not math.isfinite(self.se) else f" ± {self.se:.3f}"
         if not math.isfinite(self.se):
-            verdict = "one seed, no spread to judge by"
-        elif self.clear:
-            verdict = "higher" if self.diff > 0 else "lower"
+            return f"{self.diff:+.3f} (one seed, no spread to judge by)"
+        if self.clear:
+            verdict = ("higher" if self.diff > 0 else "lower") + (", on every seed" if self.se == 0 else "")
         else:
             verdict = "within seed noise"
-        return f"{self.diff:+.3f}{spread} ({verdict})"
+        return f"{self.diff:+.3f} ± {self.se:.3f} ({verdict})"
 
 
 def difference(a: Stat, b: Stat) -> Difference:
+    """``a - b`` of two independent arms: Welch's standard error and Welch–Satterthwaite degrees of freedom."""
     if a.n == 0 or b.n == 0:
-        return Difference(math.nan, math.nan)
+        return Difference(math.nan, math.nan, math.nan)
     if a.n < 2 or b.n < 2:
-        return Difference(a.mean - b.mean, math.nan)
-    return Difference(a.mean - b.mean, math.sqrt(a.std ** 2 / a.n + b.std ** 2 / b.n))
+        return Difference(a.mean - b.mean, math.nan, math.nan)
+    va, vb = a.std ** 2 / a.n, b.std ** 2 / b.n
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (a.n - 1) + vb ** 2 / (b.n - 1)) if se > 0 else math.inf
+    return Difference(a.mean - b.mean, se, df)
+
+
+def paired_difference(after: Stat, before: Stat) -> Difference:
+    """``after - before`` measured on the same seeds: mean of the per-seed differences, its standard error."""
+    per_seed = Stat.of(x - y for x, y in zip(after.values, before.values))
+    if per_seed.n == 0:
+        return Difference(math.nan, math.nan, math.nan)
+    if per_seed.n < 2:
+        return Difference(per_seed.mean, math.nan, math.nan)
+    return Difference(per_seed.mean, per_seed.std / math.sqrt(per_seed.n), per_seed.n - 1)

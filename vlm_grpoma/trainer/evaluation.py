@@ -3,7 +3,8 @@
 Evaluation decodes one greedy thought + answer per record of each ``data.eval_sets`` entry with the rollout
 backend the trainer samples with, scores it with the training rewards (so ``eval/seen/success_mean`` of a
 manipulation run is SAPIEN success on held-out instances) and logs ``eval/<set>/<name>`` metrics summed over
-ranks: ``reward_mean``, one ``<component>_mean`` per reward component, ``parse_rate`` and ``records``.
+ranks: ``reward_mean``, one ``<component>_mean`` per reward component, ``parse_rate`` and ``records``. A
+non-finite reward counts as 0 in the means and is counted in ``reward_non_finite``.
 """
 
 from __future__ import annotations
@@ -106,14 +107,17 @@ def evaluate_sets(sets: Sequence[EvalSet], rollout, adapter, rewards, params: Sa
             keep = max(0, min(len(chunk), real - start))  # padding entries are decoded but not counted
             result, totals, parsed = score_tree(tree, chunk, adapter, rewards)
             sums["parsed"] += float(parsed.flatten()[:keep].sum())
-            sums["reward"] += float(totals.flatten()[:keep].sum())
+            kept = totals.flatten()[:keep]
+            sums["reward"] += float(kept.nansum())
+            sums["non_finite"] = sums.get("non_finite", 0.0) + float((~torch.isfinite(kept)).sum())
             for name, values in result.components.items():
-                sums[name] = sums.get(name, 0.0) + float(sum(values[:keep]))
+                sums[name] = sums.get(name, 0.0) + float(torch.tensor(values[:keep], dtype=torch.float64).nansum())
         totals_over_ranks = sum_over_ranks(sums)
         count = max(totals_over_ranks.pop("records"), 1.0)
         prefix = f"eval/{eval_set.name}"
         metrics[f"{prefix}/records"] = count
         metrics[f"{prefix}/parse_rate"] = totals_over_ranks.pop("parsed") / count
+        metrics[f"{prefix}/reward_non_finite"] = totals_over_ranks.pop("non_finite", 0.0)
         metrics[f"{prefix}/reward_mean"] = totals_over_ranks.pop("reward") / count
         metrics.update({f"{prefix}/{name}_mean": value / count for name, value in totals_over_ranks.items()})
     return metrics
