@@ -21,8 +21,8 @@ def test_miniature_comparison_runs_every_command_and_reports(tmp_path, monkeypat
     ), arms=(Arm(2, 1), Arm(2, 2)), seeds=(0,), eval_every=1)
     layout = Layout(tmp_path / "runs")
     jobs = build_jobs(plan, layout)
-    seconds = run_jobs(jobs, workers=2, log_dir=layout.logs, report=lambda _: None)
-    assert set(seconds) == {job.name for job in jobs}
+    timings = run_jobs(jobs, workers=2, log_dir=layout.logs, report=lambda _: None)
+    assert set(timings) == {job.name for job in jobs}
     for task in plan.tasks:
         starts = []
         for arm in plan.arms:
@@ -33,7 +33,7 @@ def test_miniature_comparison_runs_every_command_and_reports(tmp_path, monkeypat
                 assert rows[0][f"eval/{name}/records"] == task.eval_records[name]
             starts.append({k: v for k, v in rows[0].items() if k.startswith("eval/")})
         assert starts[0] == starts[1]  # both arms start from the same warm start: identical step-0 evaluation
-    report = write_results(plan, layout, jobs, seconds, tmp_path / "docs")
+    report = write_results(plan, layout, jobs, timings, tmp_path / "docs")
     text = report.read_text()
     assert report.name == "results-mini.md" and "| T2A2 | 4 |" in text and "held-out manipulation/success (unseen)" in text
     assert (tmp_path / "docs" / "images" / "compare_manipulation.png").is_file()

@@ -17,20 +17,21 @@ def test_runs_in_dependency_order_then_reuses_finished_jobs_and_reruns_changed_o
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "stale.txt").write_text("left by an interrupted run")
     said: list[str] = []
-    seconds = run_jobs([second, first], workers=2, log_dir=tmp_path / "logs", report=said.append)
-    assert set(seconds) == {"first", "second"} and all(s > 0 for s in seconds.values())
+    timings = run_jobs([second, first], workers=2, log_dir=tmp_path / "logs", report=said.append)
+    assert set(timings) == {"first", "second"} and all(t.seconds > 0 for t in timings.values())
+    assert timings["second"].started_at >= timings["first"].finished_at
     assert said.index("[compare] second: started (1/2 done)") > next(i for i, m in enumerate(said)
                                                                      if m.startswith("[compare] first: finished"))
     assert not (tmp_path / "b" / "stale.txt").exists()
     assert len((tmp_path / "b" / "records.jsonl").read_text().splitlines()) == 2
-    assert (tmp_path / "a" / MARKER).is_file() and first.finished_seconds() == pytest.approx(seconds["first"])
+    assert (tmp_path / "a" / MARKER).is_file() and first.finished() == timings["first"]
 
     said.clear()
     again = run_jobs([first, second], workers=1, log_dir=tmp_path / "logs", report=said.append)
-    assert again == seconds and all("done earlier" in m for m in said)
+    assert again == timings and all("done earlier" in m for m in said)
 
     changed = _make_data("second", tmp_path / "b", n=3, after=("first",))
-    assert changed.finished_seconds() is None  # the marker holds the old command
+    assert changed.finished() is None  # the marker holds the old command
     said.clear()
     run_jobs([first, changed], workers=1, log_dir=tmp_path / "logs", report=said.append)
     assert said[0].startswith("[compare] first: done earlier") and "[compare] second: started (1/2 done)" in said

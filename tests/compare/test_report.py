@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from vlm_grpoma.compare.graph import Layout, build_jobs
+from vlm_grpoma.compare.jobs import Timing
 from vlm_grpoma.compare.plan import ComparePlan
 from vlm_grpoma.compare.report import write_results
 from vlm_grpoma.compare.summary import Stat, difference, paired_difference, read_run, summarise
@@ -123,7 +124,8 @@ def test_report_writes_table_verdicts_commands_and_figure(tmp_path):
     plan, layout = _plan(), Layout(tmp_path / "runs")
     _fill(layout, plan)
     jobs = build_jobs(plan, layout)
-    path = write_results(plan, layout, jobs, {job.name: 1.0 for job in jobs}, tmp_path / "docs")
+    timings = {job.name: Timing(60.0, 1000.0 + 30 * i, 1060.0 + 30 * i) for i, job in enumerate(jobs)}
+    path = write_results(plan, layout, jobs, timings, tmp_path / "docs")
     text = path.read_text()
     figure = tmp_path / "docs" / "images" / "compare-quick-subset_detection.png"
     assert path.name == "results-quick-subset.md" and figure.stat().st_size > 10_000
@@ -131,6 +133,8 @@ def test_report_writes_table_verdicts_commands_and_figure(tmp_path):
     assert "| SFT warm start | — | 0.100 ± 0.000 |" in text
     assert "| T4A4 | 16 | 0.610 ± 0.010 |" in text  # 0.30 + 0.3 lift + 0.01 * seed over seeds 0, 1, 2
     assert "- **T4A4 − T4A1**: held-out iou (test) +0.300 ± 0.008 (higher)" in text
+    wall = (30 * (len(jobs) - 1) + 60) / 60
+    assert f"the last one's end: {wall:.1f} min ({len(jobs):.1f} min of job time" in text
     assert "32+ records per set" in text and "over 3 seeds per arm" in text  # the reading notes use this plan's sizes
     assert "`python benchmarks/compare.py --quick --tasks detection --arms T4A1 T4A4`" in text
     assert "T4A1 training reward, last 10 − first 10 steps: +0.1" in text

@@ -31,6 +31,19 @@ LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "G
 
 
 @dataclass(frozen=True)
+class Timing:
+    """When a finished job ran (Unix seconds) and for how long."""
+
+    seconds: float
+    started_at: float
+    finished_at: float
+
+    @classmethod
+    def from_marker(cls, marker: dict) -> Timing:
+        return cls(float(marker["seconds"]), float(marker["started_at"]), float(marker["finished_at"]))
+
+
+@dataclass(frozen=True)
 class Job:
     """One ``vlm-grpoma`` command writing into ``out``; runs after every job named in ``after``."""
 
@@ -53,10 +66,10 @@ class Job:
         same = done.get("command") == self.command() and done.get("version") == __version__
         return done if same else None
 
-    def finished_seconds(self) -> float | None:
-        """Seconds the job took when its marker matches (its dependencies are not checked here)."""
+    def finished(self) -> Timing | None:
+        """When the job ran, if its marker matches (its dependencies are not checked here)."""
         done = self.marker()
-        return None if done is None else float(done["seconds"])
+        return None if done is None else Timing.from_marker(done)
 
 
 def _relative(arg: str) -> str:
@@ -116,10 +129,10 @@ def _topological(jobs: Sequence[Job]) -> list[Job]:
 
 
 def run_jobs(jobs: Sequence[Job], *, workers: int, log_dir: Path,
-             report: Callable[[str], None] = print) -> dict[str, float]:
+             report: Callable[[str], None] = print) -> dict[str, Timing]:
     """Run ``jobs`` respecting ``after``, at most ``workers`` at once, one torch thread each.
 
-    Returns seconds per job name (from the marker for skipped jobs). The first failure stops new jobs, waits
+    Returns each job's timing (from its marker for a kept job). The first failure stops new jobs, waits
     for the running ones and raises :class:`JobFailed` with the failed command and its log's last lines.
     """
     names = [job.name for job in jobs]
@@ -150,7 +163,7 @@ def run_jobs(jobs: Sequence[Job], *, workers: int, log_dir: Path,
             with log.open("w") as handle:
                 process = subprocess.Popen([executable, *ready.args], stdout=handle, stderr=subprocess.STDOUT,
                                            env={**env, "MASTER_PORT": port}, cwd=Path.cwd())
-            running[ready.name] = (ready, process, time.perf_counter(), log, port)
+            running[ready.name] = (ready, process, time.time(), log, port)
             report(f"[compare] {ready.name}: started ({len(done)}/{len(jobs)} done)")
         if not running:
             break  # a failure stopped new jobs (pending jobs always become ready: the graph has no cycle)
@@ -159,17 +172,19 @@ def run_jobs(jobs: Sequence[Job], *, workers: int, log_dir: Path,
             if process.poll() is None:
                 continue
             del running[name]
-            elapsed = time.perf_counter() - started
+            finished_at = time.time()
+            elapsed = finished_at - started
             if process.returncode != 0:
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
                 failure = failure or f"{job.name} failed (exit {process.returncode}): {job.command()}\nlog {log}:\n{tail}"
                 continue
             job.out.mkdir(parents=True, exist_ok=True)
-            marker = {"command": job.command(), "seconds": elapsed, "run_id": uuid.uuid4().hex,
+            marker = {"command": job.command(), "seconds": elapsed, "started_at": started, "finished_at": finished_at,
+                      "run_id": uuid.uuid4().hex,
                       "after": {dep: done[dep]["run_id"] for dep in job.after}, "version": __version__}
             (job.out / MARKER).write_text(json.dumps(marker))
             done[name] = marker
             report(f"[compare] {job.name}: finished in {elapsed:.0f} s")
     if failure is not None:
         raise JobFailed(failure)
-    return {job.name: float(done[job.name]["seconds"]) for job in jobs}
+    return {job.name: Timing.from_marker(done[job.name]) for job in jobs}

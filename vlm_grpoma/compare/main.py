@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from vlm_grpoma.compare.graph import Layout, build_jobs
-from vlm_grpoma.compare.jobs import JobFailed, run_jobs
+from vlm_grpoma.compare.jobs import REPO, JobFailed, run_jobs
 from vlm_grpoma.compare.plan import ComparePlan
 from vlm_grpoma.compare.report import usable_cores, write_results
 
@@ -19,7 +19,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="benchmarks/compare.py", description=__doc__)
     p.add_argument("--quick", action="store_true", help="the 10-minute version: 1 seed, short runs (a smoke test)")
     p.add_argument("--out", help="folder for data, models and runs (default runs/compare or runs/compare-quick)")
-    p.add_argument("--docs", default="docs", help="where results.md (results-quick.md) and images/ go")
+    p.add_argument("--docs", help="where the report and its images/ go (default: the checkout's docs/ for the full plan, "
+                                  "the --out folder for --quick or a subset)")
     p.add_argument("--workers", type=int, default=usable_cores(),
                    help="commands run at once, one torch thread each (default: the cores this process may use)")
     p.add_argument("--tasks", nargs="+", help="a subset of the plan's tasks (detection, manipulation)")
@@ -51,18 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     jobs = build_jobs(plan, layout)
     start = time.perf_counter()
     if args.report_only:
-        seconds = {job.name: job.finished_seconds() for job in jobs}
-        missing = [name for name, s in seconds.items() if s is None]
+        timings = {job.name: job.finished() for job in jobs}
+        missing = [name for name, timing in timings.items() if timing is None]
         if missing:
             print(f"error: --report-only needs finished runs; not finished: {', '.join(missing[:5])}", file=sys.stderr)
             return 1
     else:
         print(f"[compare] plan {plan.name}: {len(jobs)} commands, {args.workers} at a time, under {layout.root}")
         try:
-            seconds = run_jobs(jobs, workers=args.workers, log_dir=layout.logs)
+            timings = run_jobs(jobs, workers=args.workers, log_dir=layout.logs)
         except JobFailed as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
-    path = write_results(plan, layout, jobs, seconds, Path(args.docs))
+    docs = Path(args.docs) if args.docs else REPO / "docs" if plan.name == "full" else layout.root
+    path = write_results(plan, layout, jobs, timings, docs)
     print(f"[compare] wrote {path} in {(time.perf_counter() - start) / 60:.1f} min")
     return 0

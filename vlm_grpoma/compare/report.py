@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from vlm_grpoma.compare.graph import Layout
-from vlm_grpoma.compare.jobs import Job
+from vlm_grpoma.compare.jobs import Job, Timing
 from vlm_grpoma.compare.plan import ComparePlan, TaskSetup
 from vlm_grpoma.compare.summary import (
     ArmSummary,
@@ -189,12 +189,13 @@ def report_names(plan: ComparePlan) -> tuple[str, str]:
     return f"results-{plan.name}.md", f"compare-{plan.name}"
 
 
-def write_results(plan: ComparePlan, layout: Layout, jobs: list[Job], seconds: dict[str, float],
+def write_results(plan: ComparePlan, layout: Layout, jobs: list[Job], timings: dict[str, Timing],
                   docs: Path) -> Path:
     """Write the markdown report and one figure per task under ``docs``; returns the markdown path."""
     markdown, images_prefix = report_names(plan)
     results = collect(plan, layout)
-    total_minutes = sum(seconds.values()) / 60
+    job_minutes = sum(t.seconds for t in timings.values()) / 60
+    wall_minutes = (max(t.finished_at for t in timings.values()) - min(t.started_at for t in timings.values())) / 60
     lines = [
         "# Results: GRPO-MA vs GRPO at CPU scale",
         "",
@@ -206,8 +207,9 @@ def write_results(plan: ComparePlan, layout: Layout, jobs: list[Job], seconds: d
         f"GRPO runs of 8 prompts per step; held-out greedy evaluation every {plan.eval_every} steps.",
         "- Model: tiny Qwen2.5-VL (`make-tiny-model --preset small`, 0.8 M parameters), built offline; one SFT "
         "warm start per task shared by all of its arms.",
-        f"- Machine: {platform.machine()}, {usable_cores()} cores; sum of job times {total_minutes:.1f} min "
-        f"(jobs overlap: wall time is lower).",
+        f"- Machine: {platform.machine()}, {usable_cores()} cores. Wall time from the first command's start to "
+        f"the last one's end: {wall_minutes:.1f} min ({job_minutes:.1f} min of job time, jobs running two at a "
+        "time).",
         "- Statistics: mean ± sample std over seeds. A difference is \"higher\"/\"lower\" only when it exceeds "
         "two standard errors of the difference of seed means; otherwise it is reported as within seed noise.",
         "",
@@ -224,7 +226,7 @@ def write_results(plan: ComparePlan, layout: Layout, jobs: list[Job], seconds: d
                   f"![{t.name}](images/{image.name})", ""]
     lines += ["## Commands", "", "Run from the repository root (what `benchmarks/compare.py` ran, in order):", "",
               "```", *(job.command() for job in jobs), "```", "",
-              "Job times (s): " + ", ".join(f"{name} {s:.0f}" for name, s in seconds.items() if
+              "Job times (s): " + ", ".join(f"{name} {t.seconds:.0f}" for name, t in timings.items() if
                                             not name.startswith("train/")), ""]
     path = docs / markdown
     path.write_text("\n".join(lines))
