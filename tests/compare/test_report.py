@@ -103,7 +103,8 @@ def test_verdicts_are_t_tests_at_the_five_percent_level():
     assert "one seed" in difference(Stat.of([1.0]), Stat.of([0.5])).text()
     assert difference(Stat.of([]), b).text() == "not measured"
     assert "higher, on every seed" in difference(Stat.of([0.3, 0.3]), Stat.of([0.1, 0.1])).text()
-    assert not difference(Stat.of([0.3, 0.3]), Stat.of([0.3, 0.3])).clear
+    same = difference(Stat.of([0.0, 0.0]), Stat.of([0.0, 0.0]))
+    assert not same.clear and same.text() == "+0.000 ± 0.000 (equal on every seed)"
 
 
 def test_paired_difference_matches_scipy_and_missing_seeds_are_shown():

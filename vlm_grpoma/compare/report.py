@@ -123,7 +123,8 @@ def plot_task(result: TaskResult, path: Path) -> Path:
     reward_ax.set(title=f"training reward ({SMOOTH}-step mean, ±std over seeds)", xlabel="step",
                   ylabel="mean reward of the K×M answers")
     wall_ax.set(title="training reward vs training time", xlabel="seconds (rollout + reward + update)")
-    held_ax.set(title=f"held-out greedy {headline} (step 0 = SFT warm start)", xlabel="step", ylabel=headline)
+    short = headline.split("/")[-1]
+    held_ax.set(title=f"held-out greedy {short}", xlabel="step (0 = the SFT warm start)", ylabel=short)
     grad_ax.set(title="gradient norm before clipping", xlabel="step", yscale="log")
     gss_ax.set(title="gradient spike score (max over seeds)", xlabel="step", ylabel="GSS")
     gss_ax.axhline(10, color="grey", ls=":", lw=1)
@@ -173,6 +174,7 @@ def _verdicts(result: TaskResult) -> list[str]:
                  for s in sorted(set(a.held_out_end) & set(b.held_out_end))]
         parts.append(f"last-10 training reward {difference(a.reward_end, b.reward_end).text()}")
         parts.append(f"GSS@10 steps {difference(a.gss10, b.gss10).text()}")
+        parts.append(f"max GSS {difference(a.gss_max, b.gss_max).text()}")
         ratio = a.step_seconds.mean / b.step_seconds.mean if b.step_seconds.mean else math.nan
         parts.append(f"time per step ×{ratio:.2f}")
         lines.append(f"- **{ma} − {grpo}**: " + "; ".join(parts) + ".")
@@ -210,8 +212,8 @@ def write_results(plan: ComparePlan, layout: Layout, jobs: list[Job], timings: d
         f"- Machine: {platform.machine()}, {usable_cores()} cores. Wall time from the first command's start to "
         f"the last one's end: {wall_minutes:.1f} min ({job_minutes:.1f} min of job time, jobs running two at a "
         "time).",
-        "- Statistics: mean ± sample std over seeds. A difference is \"higher\"/\"lower\" only when it exceeds "
-        "two standard errors of the difference of seed means; otherwise it is reported as within seed noise.",
+        "- Tables: mean ± sample standard deviation over seeds; verdicts: a difference of means ± its standard "
+        "error, judged by a t-test (see below).",
         "",
     ]
     lines += _reading(plan)

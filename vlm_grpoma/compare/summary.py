@@ -174,6 +174,8 @@ class Difference:
             return f"{self.diff:+.3f} (one seed, no spread to judge by)"
         if self.clear:
             verdict = ("higher" if self.diff > 0 else "lower") + (", on every seed" if self.se == 0 else "")
+        elif self.se == 0:
+            verdict = "equal on every seed"
         else:
             verdict = "within seed noise"
         return f"{self.diff:+.3f} ± {self.se:.3f} ({verdict})"
