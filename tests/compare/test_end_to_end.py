@@ -36,4 +36,4 @@ def test_miniature_comparison_runs_every_command_and_reports(tmp_path, monkeypat
     report = write_results(plan, layout, jobs, timings, tmp_path / "docs")
     text = report.read_text()
     assert report.name == "results-mini.md" and "| T2A2 | 4 |" in text and "held-out manipulation/success (unseen)" in text
-    assert (tmp_path / "docs" / "images" / "compare_manipulation.png").is_file()
+    assert (tmp_path / "docs" / "images" / "compare-mini_manipulation.png").is_file()

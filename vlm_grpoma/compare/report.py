@@ -125,7 +125,9 @@ def plot_task(result: TaskResult, path: Path) -> Path:
     wall_ax.set(title="training reward vs training time", xlabel="seconds (rollout + reward + update)")
     short = headline.split("/")[-1]
     held_ax.set(title=f"held-out greedy {short}", xlabel="step (0 = the SFT warm start)", ylabel=short)
-    grad_ax.set(title="gradient norm before clipping", xlabel="step", yscale="log")
+    grad_ax.set(title="gradient norm before clipping", xlabel="step")
+    if all((r.grad_norm > 0).all() for runs in result.runs.values() for r in runs):
+        grad_ax.set_yscale("log")  # a step with zero advantage everywhere has a zero gradient
     gss_ax.set(title="gradient spike score (max over seeds)", xlabel="step", ylabel="GSS")
     gss_ax.axhline(10, color="grey", ls=":", lw=1)
     var_ax.set(title="thought-advantage variance estimate (M ≥ 2)", xlabel="step")
