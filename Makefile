@@ -34,6 +34,7 @@ $(CACHE)/mesa/.done: scripts/fetch_mesa.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check vlm_grpoma tests benchmarks
+	$(BIN)/ruff format --check vlm_grpoma tests benchmarks
 
 test: setup lint
 	$(BIN)/pytest

@@ -75,8 +75,10 @@ def main() -> None:
         reward = build_reward(reward_name)
         kind = "boxes" if task == "detection" else "trajectory"
         texts = [f"<think>t</think><answer>{format_answer(a)}</answer>" for a in answers]
-        for what, fn in (("reward", partial(reward.score, completions, records)),
-                         ("parse", partial(parse_all, texts, kind))):
+        for what, fn in (
+            ("reward", partial(reward.score, completions, records)),
+            ("parse", partial(parse_all, texts, kind)),
+        ):
             cpu, wall = best_rates(fn, args.n, args.repeats)
             print(f"{label:34s} {what:6s} {cpu:9,.0f} answers/CPU-s {wall:9,.0f} answers/wall-s")
 

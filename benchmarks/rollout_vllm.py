@@ -68,10 +68,19 @@ def main() -> int:
         options = VLLMOptions(gpu_memory_utilization=args.gpu_memory_utilization, dtype=args.dtype)
         config = Config(model=model_cfg, rollout=RolloutConfig(backend="vllm"))
         cached = build_rollout_engine(config, loaded.model, loaded.adapter, vllm_options=options)
-        engines = {"cache": cached, "recompute": replace(cached, options=replace(options, reuse_prefix_cache=False))}
+        engines = {
+            "cache": cached,
+            "recompute": replace(cached, options=replace(options, reuse_prefix_cache=False)),
+        }
         for k, m in CONFIGS:
-            params = SamplingParams(num_thoughts=k, answers_per_thought=m, max_thought_tokens=args.thought,
-                                    max_answer_tokens=args.answer, ignore_stop=True, seed=0)
+            params = SamplingParams(
+                num_thoughts=k,
+                answers_per_thought=m,
+                max_thought_tokens=args.thought,
+                max_answer_tokens=args.answer,
+                ignore_stop=True,
+                seed=0,
+            )
             runs: dict[str, list[dict]] = {name: [] for name in engines}
             for rep in range(args.repeats + 1):
                 for name, engine in engines.items():
@@ -79,7 +88,9 @@ def main() -> int:
                     start = time.perf_counter()
                     tree = engine.sample(prompts, params)
                     if rep:  # the first round warms up kernels and the multimodal cache
-                        runs[name].append({"total": time.perf_counter() - start, **tree.seconds, **engine.stats})
+                        runs[name].append(
+                            {"total": time.perf_counter() - start, **tree.seconds, **engine.stats}
+                        )
             row = {"config": f"T{k}A{m}", "prompts": args.prompts}
             for name, results in runs.items():
                 best = min(results, key=lambda r: r["answers"])
@@ -88,12 +99,18 @@ def main() -> int:
                 row[f"{name}_cached_fraction"] = best["answer_cached_tokens"] / best["answer_prompt_tokens"]
             row["phase2_speedup"] = row["recompute_phase2_s"] / row["cache_phase2_s"]
             rows.append(row)
-    print(f"{args.arch}/{args.preset} {args.dtype}, B={args.prompts}, thought {args.thought} / answer "
-          f"{args.answer} tokens, best of {args.repeats}")
-    print(f"{'config':<8}{'phase-2 cache s':>16}{'recompute s':>13}{'speedup':>9}{'cached tok':>12}{'total s':>9}")
+    print(
+        f"{args.arch}/{args.preset} {args.dtype}, B={args.prompts}, thought {args.thought} / answer "
+        f"{args.answer} tokens, best of {args.repeats}"
+    )
+    print(
+        f"{'config':<8}{'phase-2 cache s':>16}{'recompute s':>13}{'speedup':>9}{'cached tok':>12}{'total s':>9}"
+    )
     for r in rows:
-        print(f"{r['config']:<8}{r['cache_phase2_s']:>16.4f}{r['recompute_phase2_s']:>13.4f}"
-              f"{r['phase2_speedup']:>8.2f}x{r['cache_cached_fraction']:>12.2f}{r['cache_total_s']:>9.3f}")
+        print(
+            f"{r['config']:<8}{r['cache_phase2_s']:>16.4f}{r['recompute_phase2_s']:>13.4f}"
+            f"{r['phase2_speedup']:>8.2f}x{r['cache_cached_fraction']:>12.2f}{r['cache_total_s']:>9.3f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

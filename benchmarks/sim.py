@@ -23,7 +23,9 @@ from vlm_grpoma.eval.manipulation import random_action
 
 
 def episodes(n: int, size: int = 336) -> list:
-    return [sample_split_episode("seen" if i % 2 else "unseen", i, 0, width=size, height=size) for i in range(n)]
+    return [
+        sample_split_episode("seen" if i % 2 else "unseen", i, 0, width=size, height=size) for i in range(n)
+    ]
 
 
 def rate(count: int, seconds: float) -> str:
@@ -33,13 +35,17 @@ def rate(count: int, seconds: float) -> str:
 def bench_physics(eps: list) -> None:
     start, cpu = time.perf_counter(), time.process_time()
     outcomes = [execute(spec, oracle) for spec, oracle in eps]
-    print(f"physics, 1 worker, oracle episodes : {rate(len(eps), time.perf_counter() - start)}; "
-          f"success {sum(o.success for o in outcomes)}/{len(eps)}; "
-          f"{len(eps) / (time.process_time() - cpu):.1f}/s per CPU-second")
+    print(
+        f"physics, 1 worker, oracle episodes : {rate(len(eps), time.perf_counter() - start)}; "
+        f"success {sum(o.success for o in outcomes)}/{len(eps)}; "
+        f"{len(eps) / (time.process_time() - cpu):.1f}/s per CPU-second"
+    )
     start = time.perf_counter()
     outcomes = [execute(spec, random_action(spec, 0, i)) for i, (spec, _) in enumerate(eps)]
-    print(f"physics, 1 worker, random actions  : {rate(len(eps), time.perf_counter() - start)}; "
-          f"success {sum(o.success for o in outcomes)}/{len(eps)}")
+    print(
+        f"physics, 1 worker, random actions  : {rate(len(eps), time.perf_counter() - start)}; "
+        f"success {sum(o.success for o in outcomes)}/{len(eps)}"
+    )
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -56,14 +62,16 @@ def cpu_seconds(pids: list[int]) -> float:
 
 def bench_pool(eps: list, workers: int) -> None:
     with SimPool(workers) as pool:
-        pool.execute(eps[:workers * 2])  # start-up and imports are not measured
+        pool.execute(eps[: workers * 2])  # start-up and imports are not measured
         pids = pool.worker_pids()
         start, cpu = time.perf_counter(), cpu_seconds(pids)
         outcomes = pool.execute(eps)
         wall, used = time.perf_counter() - start, cpu_seconds(pids) - cpu
         per_cpu = f"; {len(eps) / used:.1f}/s per worker CPU-second" if used > 0 else ""
-        print(f"physics, pool of {workers}, oracle episodes: {rate(len(eps), wall)}; "
-              f"success {sum(o.success for o in outcomes)}/{len(eps)}{per_cpu}")
+        print(
+            f"physics, pool of {workers}, oracle episodes: {rate(len(eps), wall)}; "
+            f"success {sum(o.success for o in outcomes)}/{len(eps)}{per_cpu}"
+        )
 
 
 def bench_render(frames: int) -> None:
@@ -97,7 +105,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--frames", type=int, default=20)
     args = parser.parse_args()
-    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (other processes slow the pool)")
+    print(
+        f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (other processes slow the pool)"
+    )
     start = time.perf_counter()
     eps = episodes(args.episodes)
     print(f"sampling episodes (camera search)  : {rate(len(eps), time.perf_counter() - start)}")

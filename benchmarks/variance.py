@@ -32,16 +32,27 @@ def beta_moments(a: float, b: float) -> tuple[float, float]:
     return a * b / (n * n * (n + 1)), a * b / (n * (n + 1))
 
 
-def simulate(tagged_p: torch.Tensor, thoughts: int, answers: int, replicates: int, a: float, b: float,
-             gen: torch.Generator) -> tuple[torch.Tensor, float]:
+def simulate(
+    tagged_p: torch.Tensor,
+    thoughts: int,
+    answers: int,
+    replicates: int,
+    a: float,
+    b: float,
+    gen: torch.Generator,
+) -> tuple[torch.Tensor, float]:
     """Return (conditional variance per tagged thought [P], mean plug-in estimate)."""
-    beta = torch.distributions.Beta(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64))
+    beta = torch.distributions.Beta(
+        torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+    )
     variances, plugins = [], []
     for chunk in tagged_p.split(max(1, 2_000_000 // (replicates * thoughts * answers))):
         torch.manual_seed(int(torch.randint(2**31, (1,), generator=gen)))  # Beta sampling uses the global RNG
         p = beta.sample((len(chunk), replicates, thoughts))
         p[..., 0] = chunk.unsqueeze(-1)
-        rewards = (torch.rand(*p.shape, answers, generator=gen, dtype=torch.float64) < p.unsqueeze(-1)).double()
+        rewards = (
+            torch.rand(*p.shape, answers, generator=gen, dtype=torch.float64) < p.unsqueeze(-1)
+        ).double()
         flat = rewards.reshape(-1, thoughts, answers)
         thought_adv, _ = grpo_ma_advantages(flat)
         variances.append(thought_adv[:, 0].reshape(len(chunk), replicates).var(dim=1))
@@ -72,28 +83,42 @@ def main() -> None:
     sigma2_tagged = tagged_p * (1 - tagged_p)
 
     start = time.perf_counter()
-    print(f"Beta({args.a:g}, {args.b:g}) thought values: tau^2 = {tau2:.4f}, mean sigma^2 = {sigma_bar2:.4f}; "
-          f"P = {args.tagged} tagged thoughts x R = {args.replicates} replicates\n")
+    print(
+        f"Beta({args.a:g}, {args.b:g}) thought values: tau^2 = {tau2:.4f}, mean sigma^2 = {sigma_bar2:.4f}; "
+        f"P = {args.tagged} tagged thoughts x R = {args.replicates} replicates\n"
+    )
     print("Var(thought advantage | thought), Monte-Carlo ± standard error, vs the large-K limit")
-    header = (f"{'M':>3} | " + " | ".join(f"{'K=' + str(k):>16}" for k in THOUGHTS)
-              + " | limit K->inf | extrapolated K->inf | plug-in(K=64)")
+    header = (
+        f"{'M':>3} | "
+        + " | ".join(f"{'K=' + str(k):>16}" for k in THOUGHTS)
+        + " | limit K->inf | extrapolated K->inf | plug-in(K=64)"
+    )
     print(header)
     print("-" * len(header))
     for answers in ANSWERS:
         limit = sigma2_tagged / (answers * tau2 + sigma_bar2)
         cells, per_k, plugin_64 = [], {}, math.nan
         for thoughts in THOUGHTS:
-            per_k[thoughts], plugin = simulate(tagged_p, thoughts, answers, args.replicates, args.a, args.b, gen)
+            per_k[thoughts], plugin = simulate(
+                tagged_p, thoughts, answers, args.replicates, args.a, args.b, gen
+            )
             mean, stderr = mean_and_stderr(per_k[thoughts], limit)
             cells.append(f"{mean:7.4f} ± {stderr:6.4f}")
             plugin_64 = plugin
         extrapolated = (64 * per_k[64] - 16 * per_k[16]) / 48
         extra_mean, extra_err = mean_and_stderr(extrapolated, limit)
         plugin_text = "n/a (M=1)" if math.isnan(plugin_64) else f"{plugin_64:.4f}"
-        print(f"{answers:>3} | " + " | ".join(f"{c:>16}" for c in cells)
-              + f" | {limit.mean().item():12.4f} | {extra_mean:11.4f} ± {extra_err:.4f} | {plugin_text:>13}")
-    print("\nAcross a row, more thoughts (K) do not shrink the variance: it settles on a floor set by M (the K=64")
-    print("column sits O(1/K) above the limit; the extrapolation removes that bias). Down a column, more answers")
+        print(
+            f"{answers:>3} | "
+            + " | ".join(f"{c:>16}" for c in cells)
+            + f" | {limit.mean().item():12.4f} | {extra_mean:11.4f} ± {extra_err:.4f} | {plugin_text:>13}"
+        )
+    print(
+        "\nAcross a row, more thoughts (K) do not shrink the variance: it settles on a floor set by M (the K=64"
+    )
+    print(
+        "column sits O(1/K) above the limit; the extrapolation removes that bias). Down a column, more answers"
+    )
     print("(M) lower the floor like sigma^2/(M tau^2 + mean sigma^2), i.e. ~1/M once M tau^2 dominates.")
     print(f"({time.perf_counter() - start:.1f} s)")
 

@@ -6,7 +6,17 @@ import pytest
 
 from vlm_grpoma import cli
 
-DESIGN_COMMANDS = {"demo", "train", "sft", "eval", "manip-eval", "make-data", "convert", "make-tiny-model", "env"}
+DESIGN_COMMANDS = {
+    "demo",
+    "train",
+    "sft",
+    "eval",
+    "manip-eval",
+    "make-data",
+    "convert",
+    "make-tiny-model",
+    "env",
+}
 
 
 def test_every_design_command_is_declared(capsys):
@@ -19,17 +29,24 @@ def test_every_design_command_is_declared(capsys):
 
 
 def test_missing_implementation_says_so_and_exits_2(monkeypatch, capsys):
-    missing = cli.Command("env", "probe", "vlm_grpoma.not_built_yet:main", cli._env_args, arrives_with="#99 (x)")
+    missing = cli.Command(
+        "env", "probe", "vlm_grpoma.not_built_yet:main", cli._env_args, arrives_with="#99 (x)"
+    )
     monkeypatch.setattr(cli, "COMMANDS", (missing,))
     assert cli.main(["env"]) == 2
-    assert capsys.readouterr().err.strip() == "vlm-grpoma env: not available yet; it arrives with issue #99 (x)."
+    assert (
+        capsys.readouterr().err.strip() == "vlm-grpoma env: not available yet; it arrives with issue #99 (x)."
+    )
 
 
 def test_a_broken_import_inside_an_implementation_is_not_hidden(monkeypatch):
     broken = cli.Command("env", "probe", "vlm_grpoma.env_report:main", cli._env_args)
     monkeypatch.setattr(cli, "COMMANDS", (broken,))
-    monkeypatch.setattr(cli.importlib, "import_module",
-                        lambda name: (_ for _ in ()).throw(ModuleNotFoundError("No module named 'scipy'", name="scipy")))
+    monkeypatch.setattr(
+        cli.importlib,
+        "import_module",
+        lambda name: (_ for _ in ()).throw(ModuleNotFoundError("No module named 'scipy'", name="scipy")),
+    )
     with pytest.raises(ModuleNotFoundError, match="scipy"):
         cli.main(["env"])
 

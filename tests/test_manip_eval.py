@@ -19,15 +19,40 @@ from vlm_grpoma.eval.manipulation import evaluate, main
 
 
 def _args(tmp_path, **kw):
-    base = dict(policy="oracle", split="seen", episodes=12, out=str(tmp_path / "r.json"), seed=0, workers=2,
-                checkpoint="")
+    base = dict(
+        policy="oracle",
+        split="seen",
+        episodes=12,
+        out=str(tmp_path / "r.json"),
+        seed=0,
+        workers=2,
+        checkpoint="",
+    )
     return argparse.Namespace(**(base | kw))
 
 
 def test_cli_oracle_report(tmp_path, capsys):
     out = tmp_path / "oracle.json"
-    assert cli_main(["manip-eval", "--policy", "oracle", "--split", "unseen", "--episodes", "16", "--out", str(out),
-                     "--workers", "2", "--seed", "5"]) == 0
+    assert (
+        cli_main(
+            [
+                "manip-eval",
+                "--policy",
+                "oracle",
+                "--split",
+                "unseen",
+                "--episodes",
+                "16",
+                "--out",
+                str(out),
+                "--workers",
+                "2",
+                "--seed",
+                "5",
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     assert list(result["per_category"]) == list(UNSEEN_CATEGORIES)
     assert all(row["episodes"] == 4 for row in result["per_category"].values())
@@ -63,7 +88,9 @@ def test_model_policy_runs_a_checkpoint_through_adapter_and_simulator(tmp_path, 
     if not ok:
         pytest.skip(f"Vulkan rendering unavailable: {reason}")
     checkpoint = tiny_model_dir("qwen2_5_vl")
-    result, triples = evaluate("model", "unseen", 2, 0, workers=1, checkpoint=str(checkpoint), image_dir=tmp_path)
+    result, triples = evaluate(
+        "model", "unseen", 2, 0, workers=1, checkpoint=str(checkpoint), image_dir=tmp_path
+    )
     assert result["aggregate"]["episodes"] == 2 and len(list((tmp_path / "images").glob("*.png"))) == 2
     for _, action, outcome in triples:  # an untrained model: parse failures or executed actions
         assert isinstance(action, ParseError) == outcome.failure.startswith("parse:")
@@ -76,8 +103,9 @@ def test_model_policy_runs_a_checkpoint_through_adapter_and_simulator(tmp_path, 
     spec, _, _ = triples[0]
     oracle = sample_split_episode("unseen", 0, 0)[1]
     record = render_record("manipulation", "r0", "unseen", spec, oracle, tmp_path)
-    parsed = adapter.parse_answer(f"<think>pull</think><answer>{adapter.format_answer(oracle, record)}</answer>",
-                                  record)
+    parsed = adapter.parse_answer(
+        f"<think>pull</think><answer>{adapter.format_answer(oracle, record)}</answer>", record
+    )
     assert isinstance(parsed, ContactAction)
     frame = adapter.frame(record)  # integer model-frame coordinates: at most half a model pixel of error
     tolerance = 0.5 * max(frame.width / frame.model_width, frame.height / frame.model_height) + 1e-6

@@ -15,8 +15,17 @@ from vlm_grpoma.rewards.manipulation import COMPONENTS, ManipulationReward
 
 def _record(i: int) -> tuple[Record, ContactAction]:
     spec, oracle = sample_split_episode("train", i, 0)
-    record = Record(f"m{i}", "img.png", "manipulation", "open it", spec.camera.width, spec.camera.height, oracle,
-                    "train", spec.to_meta())
+    record = Record(
+        f"m{i}",
+        "img.png",
+        "manipulation",
+        "open it",
+        spec.camera.width,
+        spec.camera.height,
+        oracle,
+        "train",
+        spec.to_meta(),
+    )
     return record, oracle
 
 

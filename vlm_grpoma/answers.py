@@ -151,7 +151,7 @@ def _strip_fences(body: str) -> str:
     """Remove surrounding whitespace and a ```/```json code fence (closed or not)."""
     body = body.strip()
     if body.startswith("```"):  # plain string operations: linear time on any input
-        body = body[_FENCE_OPEN.match(body).end():].strip()
+        body = body[_FENCE_OPEN.match(body).end() :].strip()
         if body.endswith("```"):
             body = body[:-3].strip()
     return body
@@ -199,8 +199,11 @@ def _number(value: object, where: str) -> float:
 
 
 def _is_vector(value: object, n: int) -> bool:
-    return (isinstance(value, list) and len(value) == n
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value))
+    return (
+        isinstance(value, list)
+        and len(value) == n
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    )
 
 
 def _vector(value: object, n: int, where: str) -> tuple[float, ...]:
@@ -289,10 +292,11 @@ def _parse_contact_action(value: object) -> ContactAction:
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     if not isinstance(value, dict):
-        raise _Invalid("bad_shape", "expected {\"point_2d\": [x, y], \"up\": [...], \"forward\": [...]}")
+        raise _Invalid("bad_shape", 'expected {"point_2d": [x, y], "up": [...], "forward": [...]}')
     _check_fields(value, {"point_2d", "up", "forward"}, set(), "contact action")
-    return ContactAction(_xy(value["point_2d"], "point_2d"), _unit(value["up"], "up"),
-                         _unit(value["forward"], "forward"))
+    return ContactAction(
+        _xy(value["point_2d"], "point_2d"), _unit(value["up"], "up"), _unit(value["forward"], "forward")
+    )
 
 
 _PARSERS: dict[str, Callable[[object], Answer]] = {
@@ -322,7 +326,9 @@ def _check_bounds(answer: Answer, bounds: tuple[float, float]) -> None:
             raise _Invalid("out_of_bounds", f"({x}, {y}) outside {width} x {height}")
 
 
-def parse_answer(text: str, kind: AnswerKind, bounds: tuple[float, float] | None = None) -> Answer | ParseError:
+def parse_answer(
+    text: str, kind: AnswerKind, bounds: tuple[float, float] | None = None
+) -> Answer | ParseError:
     """Parse a whole completion (answer extracted first) or a bare JSON answer into a typed answer.
 
     ``bounds`` is the model-frame (width, height); coordinates beyond it by more than
@@ -368,14 +374,20 @@ def _json_xy(xy: Sequence[float]) -> list[float]:
 def answer_to_json(answer: Answer) -> object:
     """The canonical JSON value of an answer (labels only when non-empty)."""
     if isinstance(answer, Boxes):
-        return [{"bbox_2d": _json_xy((b.x1, b.y1, b.x2, b.y2)), **({"label": b.label} if b.label else {})}
-                for b in answer.boxes]
+        return [
+            {"bbox_2d": _json_xy((b.x1, b.y1, b.x2, b.y2)), **({"label": b.label} if b.label else {})}
+            for b in answer.boxes
+        ]
     if isinstance(answer, Points):
         return [{"point_2d": _json_xy(p)} for p in answer.points]
     if isinstance(answer, Trajectory):
         return [_json_xy(p) for p in answer.points]
     if isinstance(answer, ContactAction):
-        return {"point_2d": _json_xy(answer.point), "up": _json_xy(answer.up), "forward": _json_xy(answer.forward)}
+        return {
+            "point_2d": _json_xy(answer.point),
+            "up": _json_xy(answer.up),
+            "forward": _json_xy(answer.forward),
+        }
     raise TypeError(f"not an answer: {answer!r}")
 
 

@@ -36,7 +36,9 @@ class Command:
 
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="YAML run config")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. rollout.num_thoughts=4")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. rollout.num_thoughts=4"
+    )
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
@@ -48,9 +50,15 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     _config_args(p)
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (Hugging Face format)")
     p.add_argument("--split", default="test")
-    p.add_argument("--samples", type=int, default=1,
-                   help="1 = greedy; N > 1 samples N completions per record at rollout.temperature")
-    p.add_argument("--overlays", type=int, default=16, help="PNG overlays to draw (prediction vs ground truth)")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=1,
+        help="1 = greedy; N > 1 samples N completions per record at rollout.temperature",
+    )
+    p.add_argument(
+        "--overlays", type=int, default=16, help="PNG overlays to draw (prediction vs ground truth)"
+    )
 
 
 def _manip_eval_args(p: argparse.ArgumentParser) -> None:
@@ -59,8 +67,11 @@ def _manip_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--episodes", type=int, default=100)
     p.add_argument("--out", required=True, help="result JSON path")
     p.add_argument("--checkpoint", default="", help="model checkpoint (for --policy model)")
-    p.add_argument("--config", default=None,
-                   help="the run config the checkpoint was trained with (model pixel bounds, prompt style, budgets)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="the run config the checkpoint was trained with (model pixel bounds, prompt style, budgets)",
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of --config")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=0, help="simulator processes (0 = one per core)")
@@ -73,24 +84,38 @@ def _make_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder (records.jsonl + images/)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default="train")
-    p.add_argument("--difficulty", choices=("easy", "normal"), default="normal",
-                   help="shapes only: easy = 112px, one or two shapes (the CPU demo's level)")
+    p.add_argument(
+        "--difficulty",
+        choices=("easy", "normal"),
+        default="normal",
+        help="shapes only: easy = 112px, one or two shapes (the CPU demo's level)",
+    )
 
 
 def _convert_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--from", dest="source_format", required=True,
-                   choices=("coco", "refcoco", "sharerobot", "robopoint", "where2place"))
+    p.add_argument(
+        "--from",
+        dest="source_format",
+        required=True,
+        choices=("coco", "refcoco", "sharerobot", "robopoint", "where2place"),
+    )
     p.add_argument("input")
     p.add_argument("output")
-    p.add_argument("--image-root", default=None, help="folder holding the images (coco, refcoco, sharerobot, robopoint)")
+    p.add_argument(
+        "--image-root", default=None, help="folder holding the images (coco, refcoco, sharerobot, robopoint)"
+    )
 
 
 def _tiny_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", choices=ARCHS, required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--preset", choices=("tiny", "small", "bench"), default="tiny",
-                   help="tiny: fastest (tests); small: learns the shapes task on CPU; bench: larger, for benchmarks")
+    p.add_argument(
+        "--preset",
+        choices=("tiny", "small", "bench"),
+        default="tiny",
+        help="tiny: fastest (tests); small: learns the shapes task on CPU; bench: larger, for benchmarks",
+    )
 
 
 def _env_args(p: argparse.ArgumentParser) -> None:
@@ -99,23 +124,64 @@ def _env_args(p: argparse.ArgumentParser) -> None:
 
 
 COMMANDS: tuple[Command, ...] = (
-    Command("demo", "train the built-in demo on CPU in minutes and report", "vlm_grpoma.demo:main", _demo_args),
-    Command("train", "train with GRPO-MA (one process per rank under the deepspeed launcher)",
-            "vlm_grpoma.trainer.loop:main", _config_args, arrives_with="#5 (the DeepSpeed trainer)"),
-    Command("sft", "supervised warm start on ground-truth answers", "vlm_grpoma.trainer.sft:main", _config_args,
-            arrives_with="#5 (the DeepSpeed trainer)"),
-    Command("eval", "grounding metrics and overlays for a checkpoint", "vlm_grpoma.eval.grounding:main", _eval_args,
-            arrives_with="#4 (rewards, data and evaluation)"),
-    Command("manip-eval", "manipulation success per category on seen/unseen objects",
-            "vlm_grpoma.eval.manipulation:main", _manip_eval_args, arrives_with="#6 (SAPIEN manipulation)"),
-    Command("make-data", "write a synthetic dataset (JSONL + images)", "vlm_grpoma.datasets.synthetic:main",
-            _make_data_args, arrives_with="#4 / #6 (synthetic data)"),
-    Command("convert", "convert a public dataset format to JSONL records", "vlm_grpoma.datasets.converters:main",
-            _convert_args, arrives_with="#4 (rewards, data and evaluation)"),
-    Command("make-tiny-model", "build a tiny Qwen-VL model + processor offline", "vlm_grpoma.models.tiny:main",
-            _tiny_model_args, arrives_with="#3 (adapters and tiny models)"),
-    Command("env", "versions, devices, DeepSpeed ops, SAPIEN physics/render availability",
-            "vlm_grpoma.env_report:main", _env_args),
+    Command(
+        "demo", "train the built-in demo on CPU in minutes and report", "vlm_grpoma.demo:main", _demo_args
+    ),
+    Command(
+        "train",
+        "train with GRPO-MA (one process per rank under the deepspeed launcher)",
+        "vlm_grpoma.trainer.loop:main",
+        _config_args,
+        arrives_with="#5 (the DeepSpeed trainer)",
+    ),
+    Command(
+        "sft",
+        "supervised warm start on ground-truth answers",
+        "vlm_grpoma.trainer.sft:main",
+        _config_args,
+        arrives_with="#5 (the DeepSpeed trainer)",
+    ),
+    Command(
+        "eval",
+        "grounding metrics and overlays for a checkpoint",
+        "vlm_grpoma.eval.grounding:main",
+        _eval_args,
+        arrives_with="#4 (rewards, data and evaluation)",
+    ),
+    Command(
+        "manip-eval",
+        "manipulation success per category on seen/unseen objects",
+        "vlm_grpoma.eval.manipulation:main",
+        _manip_eval_args,
+        arrives_with="#6 (SAPIEN manipulation)",
+    ),
+    Command(
+        "make-data",
+        "write a synthetic dataset (JSONL + images)",
+        "vlm_grpoma.datasets.synthetic:main",
+        _make_data_args,
+        arrives_with="#4 / #6 (synthetic data)",
+    ),
+    Command(
+        "convert",
+        "convert a public dataset format to JSONL records",
+        "vlm_grpoma.datasets.converters:main",
+        _convert_args,
+        arrives_with="#4 (rewards, data and evaluation)",
+    ),
+    Command(
+        "make-tiny-model",
+        "build a tiny Qwen-VL model + processor offline",
+        "vlm_grpoma.models.tiny:main",
+        _tiny_model_args,
+        arrives_with="#3 (adapters and tiny models)",
+    ),
+    Command(
+        "env",
+        "versions, devices, DeepSpeed ops, SAPIEN physics/render availability",
+        "vlm_grpoma.env_report:main",
+        _env_args,
+    ),
 )
 
 
@@ -151,8 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             validate(args.config_obj, world_size=int(os.environ.get("WORLD_SIZE", "1")))
         handler = _resolve(command)
         if handler is None:
-            print(f"vlm-grpoma {command.name}: not available yet; it arrives with issue {command.arrives_with}.",
-                  file=sys.stderr)
+            print(
+                f"vlm-grpoma {command.name}: not available yet; it arrives with issue {command.arrives_with}.",
+                file=sys.stderr,
+            )
             return 2
         return int(handler(args) or 0)
     except (ConfigError, CommandError) as err:

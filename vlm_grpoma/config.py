@@ -220,7 +220,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, option, key)
             except ConfigError as err:
                 errors.append(str(err))
-        raise ConfigError(f"{key}: must be {' or '.join(_type_name(a) for a in typing.get_args(tp))}, got {value!r}")
+        raise ConfigError(
+            f"{key}: must be {' or '.join(_type_name(a) for a in typing.get_args(tp))}, got {value!r}"
+        )
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
@@ -229,7 +231,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict:
         key_tp, item_tp = typing.get_args(tp)
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: must be a mapping of {_type_name(key_tp)} to {_type_name(item_tp)}, got {value!r}")
+            raise ConfigError(
+                f"{key}: must be a mapping of {_type_name(key_tp)} to {_type_name(item_tp)}, got {value!r}"
+            )
         return {_coerce(k, key_tp, key): _coerce(v, item_tp, f"{key}.{k}") for k, v in value.items()}
     if tp is bool:
         if not isinstance(value, bool):
@@ -288,7 +292,9 @@ def _set_dotted(tree: dict[str, Any], parts: list[str], value: Any) -> None:
     for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section; cannot set {'.'.join(parts)}")
+            raise ConfigError(
+                f"{'.'.join(parts[: i + 1])}: is a value, not a section; cannot set {'.'.join(parts)}"
+            )
         node = child
     node[parts[-1]] = value
 
@@ -309,7 +315,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(loaded).__name__}")
+            raise ConfigError(
+                f"{path}: the top level must be a mapping of sections, got {type(loaded).__name__}"
+            )
         tree = loaded
     for text in overrides:
         parts, value = _parse_override(text)
@@ -327,54 +335,113 @@ def _require(ok: bool, key: str, message: str) -> None:
 def validate(config: Config, world_size: int | None = None) -> None:
     """Range and consistency checks; ``world_size`` adds the per-rank batch arithmetic."""
     r, a, t, o = config.rollout, config.algorithm, config.train, config.optim
-    _require(r.num_thoughts >= 2, "rollout.num_thoughts",
-             f"must be >= 2 (advantages compare the K thoughts of a prompt), got {r.num_thoughts}")
-    _require(r.answers_per_thought >= 1, "rollout.answers_per_thought", f"must be >= 1, got {r.answers_per_thought}")
+    _require(
+        r.num_thoughts >= 2,
+        "rollout.num_thoughts",
+        f"must be >= 2 (advantages compare the K thoughts of a prompt), got {r.num_thoughts}",
+    )
+    _require(
+        r.answers_per_thought >= 1,
+        "rollout.answers_per_thought",
+        f"must be >= 1, got {r.answers_per_thought}",
+    )
     _require(r.temperature >= 0, "rollout.temperature", f"must be >= 0, got {r.temperature}")
     _require(0 < r.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {r.top_p}")
     _require(r.top_k >= 0, "rollout.top_k", f"must be >= 0 (0 disables it), got {r.top_k}")
-    _require(r.max_thought_tokens >= 1, "rollout.max_thought_tokens", f"must be >= 1, got {r.max_thought_tokens}")
-    _require(r.max_answer_tokens >= 1, "rollout.max_answer_tokens", f"must be >= 1, got {r.max_answer_tokens}")
-    _require(0 < r.vllm.gpu_memory_utilization <= 1, "rollout.vllm.gpu_memory_utilization",
-             f"must be in (0, 1], got {r.vllm.gpu_memory_utilization}")
-    _require(r.vllm.tensor_parallel_size >= 1, "rollout.vllm.tensor_parallel_size",
-             f"must be >= 1, got {r.vllm.tensor_parallel_size}")
-    _require(r.vllm.max_model_len >= 0, "rollout.vllm.max_model_len", f"must be >= 0, got {r.vllm.max_model_len}")
+    _require(
+        r.max_thought_tokens >= 1, "rollout.max_thought_tokens", f"must be >= 1, got {r.max_thought_tokens}"
+    )
+    _require(
+        r.max_answer_tokens >= 1, "rollout.max_answer_tokens", f"must be >= 1, got {r.max_answer_tokens}"
+    )
+    _require(
+        0 < r.vllm.gpu_memory_utilization <= 1,
+        "rollout.vllm.gpu_memory_utilization",
+        f"must be in (0, 1], got {r.vllm.gpu_memory_utilization}",
+    )
+    _require(
+        r.vllm.tensor_parallel_size >= 1,
+        "rollout.vllm.tensor_parallel_size",
+        f"must be >= 1, got {r.vllm.tensor_parallel_size}",
+    )
+    _require(
+        r.vllm.max_model_len >= 0, "rollout.vllm.max_model_len", f"must be >= 0, got {r.vllm.max_model_len}"
+    )
     _require(a.advantage_eps >= 0, "algorithm.advantage_eps", f"must be >= 0, got {a.advantage_eps}")
     _require(0 <= a.clip_eps_low < 1, "algorithm.clip_eps_low", f"must be in [0, 1), got {a.clip_eps_low}")
     _require(a.clip_eps_high >= 0, "algorithm.clip_eps_high", f"must be >= 0, got {a.clip_eps_high}")
     _require(a.kl_beta >= 0, "algorithm.kl_beta", f"must be >= 0, got {a.kl_beta}")
-    _require(a.thought_loss_weight >= 0, "algorithm.thought_loss_weight", f"must be >= 0, got {a.thought_loss_weight}")
+    _require(
+        a.thought_loss_weight >= 0,
+        "algorithm.thought_loss_weight",
+        f"must be >= 0, got {a.thought_loss_weight}",
+    )
     _require(a.policy_epochs >= 1, "algorithm.policy_epochs", f"must be >= 1, got {a.policy_epochs}")
     _require(bool(config.rewards.weights), "rewards.weights", "needs at least one reward function")
     for name in config.rewards.options:
-        _require(name in config.rewards.weights, f"rewards.options.{name}",
-                 f"options for a reward that is not in rewards.weights ({', '.join(config.rewards.weights)})")
+        _require(
+            name in config.rewards.weights,
+            f"rewards.options.{name}",
+            f"options for a reward that is not in rewards.weights ({', '.join(config.rewards.weights)})",
+        )
     _require(o.learning_rate > 0, "optim.learning_rate", f"must be > 0, got {o.learning_rate}")
     _require(o.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
-    _require(o.max_grad_norm >= 0, "optim.max_grad_norm", f"must be >= 0 (0 disables clipping), got {o.max_grad_norm}")
+    _require(
+        o.max_grad_norm >= 0,
+        "optim.max_grad_norm",
+        f"must be >= 0 (0 disables clipping), got {o.max_grad_norm}",
+    )
     _require(t.steps >= 1, "train.steps", f"must be >= 1, got {t.steps}")
     _require(t.prompts_per_step >= 1, "train.prompts_per_step", f"must be >= 1, got {t.prompts_per_step}")
-    _require(t.micro_batch_prompts >= 1, "train.micro_batch_prompts", f"must be >= 1, got {t.micro_batch_prompts}")
-    _require(t.logprob_pass == "naive" or config.model.attn_implementation in ("sdpa", "eager"),
-             "train.logprob_pass", f"'shared' needs model.attn_implementation sdpa or eager (a 4-D attention mask), "
-             f"got {config.model.attn_implementation!r}; use train.logprob_pass=naive")
-    _require(t.eval_every >= 0, "train.eval_every", f"must be >= 0 (0 disables evaluation), got {t.eval_every}")
-    _require(t.eval_batch_prompts >= 1, "train.eval_batch_prompts", f"must be >= 1, got {t.eval_batch_prompts}")
-    _require(t.eval_every == 0 or bool(config.data.eval_sets), "data.eval_sets",
-             f"is empty but train.eval_every={t.eval_every}; name the held-out records, e.g. {{test: test.jsonl}}")
-    _require(config.model.min_pixels <= config.model.max_pixels, "model.min_pixels",
-             f"({config.model.min_pixels}) must not exceed model.max_pixels ({config.model.max_pixels})")
-    _require(config.logging.log_every >= 1, "logging.log_every", f"must be >= 1, got {config.logging.log_every}")
-    _require(config.checkpoint.save_every >= 0, "checkpoint.save_every", "must be >= 0 (0 saves only at the end)")
-    _require(config.checkpoint.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1, got {config.checkpoint.keep_last}")
+    _require(
+        t.micro_batch_prompts >= 1, "train.micro_batch_prompts", f"must be >= 1, got {t.micro_batch_prompts}"
+    )
+    _require(
+        t.logprob_pass == "naive" or config.model.attn_implementation in ("sdpa", "eager"),
+        "train.logprob_pass",
+        f"'shared' needs model.attn_implementation sdpa or eager (a 4-D attention mask), "
+        f"got {config.model.attn_implementation!r}; use train.logprob_pass=naive",
+    )
+    _require(
+        t.eval_every >= 0, "train.eval_every", f"must be >= 0 (0 disables evaluation), got {t.eval_every}"
+    )
+    _require(
+        t.eval_batch_prompts >= 1, "train.eval_batch_prompts", f"must be >= 1, got {t.eval_batch_prompts}"
+    )
+    _require(
+        t.eval_every == 0 or bool(config.data.eval_sets),
+        "data.eval_sets",
+        f"is empty but train.eval_every={t.eval_every}; name the held-out records, e.g. {{test: test.jsonl}}",
+    )
+    _require(
+        config.model.min_pixels <= config.model.max_pixels,
+        "model.min_pixels",
+        f"({config.model.min_pixels}) must not exceed model.max_pixels ({config.model.max_pixels})",
+    )
+    _require(
+        config.logging.log_every >= 1, "logging.log_every", f"must be >= 1, got {config.logging.log_every}"
+    )
+    _require(
+        config.checkpoint.save_every >= 0, "checkpoint.save_every", "must be >= 0 (0 saves only at the end)"
+    )
+    _require(
+        config.checkpoint.keep_last >= 1,
+        "checkpoint.keep_last",
+        f"must be >= 1, got {config.checkpoint.keep_last}",
+    )
     world = world_size or 1
-    _require(t.prompts_per_step % world == 0, "train.prompts_per_step",
-             f"{t.prompts_per_step} prompts per step do not divide across {world} ranks")
+    _require(
+        t.prompts_per_step % world == 0,
+        "train.prompts_per_step",
+        f"{t.prompts_per_step} prompts per step do not divide across {world} ranks",
+    )
     per_rank = t.prompts_per_step // world
-    _require(per_rank % t.micro_batch_prompts == 0, "train.micro_batch_prompts",
-             f"{t.micro_batch_prompts} does not divide the {per_rank} prompts each of {world} rank(s) gets per step "
-             f"(train.prompts_per_step={t.prompts_per_step})")
+    _require(
+        per_rank % t.micro_batch_prompts == 0,
+        "train.micro_batch_prompts",
+        f"{t.micro_batch_prompts} does not divide the {per_rank} prompts each of {world} rank(s) gets per step "
+        f"(train.prompts_per_step={t.prompts_per_step})",
+    )
 
 
 def gradient_accumulation_steps(config: Config, world_size: int) -> int:

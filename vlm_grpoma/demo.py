@@ -52,11 +52,23 @@ class Stage:
 
 def _evaluate(config: Config, model_dir: Path, records, name: str, seconds_per_step: float | None) -> Stage:
     loaded = load_model(config.model.__class__(**{**config.model.__dict__, "name_or_path": str(model_dir)}))
-    report = evaluate(loaded.model.eval(), loaded.adapter, records, greedy=True, batch_size=16,
-                      rollout=config.rollout, overlays=0)
+    report = evaluate(
+        loaded.model.eval(),
+        loaded.adapter,
+        records,
+        greedy=True,
+        batch_size=16,
+        rollout=config.rollout,
+        overlays=0,
+    )
     scalars = report.scalars()
-    return Stage(name, scalars["detection/mean_iou"], scalars["detection/precision@0.5"],
-                 scalars["detection/format_rate"], seconds_per_step)
+    return Stage(
+        name,
+        scalars["detection/mean_iou"],
+        scalars["detection/precision@0.5"],
+        scalars["detection/format_rate"],
+        seconds_per_step,
+    )
 
 
 def _plot(sft_history, grpo_history, path: Path) -> None:
@@ -69,13 +81,17 @@ def _plot(sft_history, grpo_history, path: Path) -> None:
     left.plot([m["sft/nll"] for m in sft_history], color="tab:blue")
     left.set(title="SFT warm start", xlabel="step", ylabel="target NLL per token", yscale="log")
     steps = range(1, len(grpo_history) + 1)
-    for key, label, colour in (("reward/total_mean", "total reward", "tab:green"),
-                               ("reward/iou_mean", "IoU", "tab:orange")):
+    for key, label, colour in (
+        ("reward/total_mean", "total reward", "tab:green"),
+        ("reward/iou_mean", "IoU", "tab:orange"),
+    ):
         values = torch.tensor([m[key] for m in grpo_history])
         window = min(10, len(values))
         smooth = values.unfold(0, window, 1).mean(-1)
         right.plot(steps, values, color=colour, alpha=0.3)
-        right.plot(range(window, len(values) + 1), smooth, color=colour, label=f"{label} ({window}-step mean)")
+        right.plot(
+            range(window, len(values) + 1), smooth, color=colour, label=f"{label} ({window}-step mean)"
+        )
     right.set(title="GRPO-MA (T4A4) from the SFT model", xlabel="step", ylabel="mean over K x M answers")
     right.legend()
     fig.tight_layout()
@@ -90,34 +106,73 @@ def run_demo(out: Path, plan: DemoPlan) -> list[Stage]:
         shutil.rmtree(out / stale, ignore_errors=True)
     model_dir = build_tiny_model("qwen2_5_vl", out / "model", seed=0, preset="small")
     train = generate_shapes("detection", plan.train_records, out / "data", seed=0, split="train", config=EASY)
-    held_out = generate_shapes("detection", plan.eval_records, out / "eval", seed=1, split="test", config=EASY)
+    held_out = generate_shapes(
+        "detection", plan.eval_records, out / "eval", seed=1, split="test", config=EASY
+    )
     eval_records = read_records(held_out)
     base = [f"data.train_path={train}", f"data.eval_path={held_out}"]
-    print(f"[demo] tiny Qwen2.5-VL + {plan.train_records} train / {plan.eval_records} held-out shapes records "
-          f"under {out} ({time.perf_counter() - start:.0f} s)", flush=True)
+    print(
+        f"[demo] tiny Qwen2.5-VL + {plan.train_records} train / {plan.eval_records} held-out shapes records "
+        f"under {out} ({time.perf_counter() - start:.0f} s)",
+        flush=True,
+    )
 
-    sft_config = load_config(DEMO_CONFIG, [*base, f"model.name_or_path={model_dir}", f"train.steps={plan.sft_steps}",
-                                           f"logging.output_dir={out / 'sft'}", "train.prompts_per_step=32",
-                                           "train.micro_batch_prompts=32", "optim.learning_rate=2e-3",
-                                           "optim.warmup_steps=50", "logging.progress_bar=false"])
+    sft_config = load_config(
+        DEMO_CONFIG,
+        [
+            *base,
+            f"model.name_or_path={model_dir}",
+            f"train.steps={plan.sft_steps}",
+            f"logging.output_dir={out / 'sft'}",
+            "train.prompts_per_step=32",
+            "train.micro_batch_prompts=32",
+            "optim.learning_rate=2e-3",
+            "optim.warmup_steps=50",
+            "logging.progress_bar=false",
+        ],
+    )
     stages = [_evaluate(sft_config, model_dir, eval_records, "untrained", None)]
     print(f"[demo] SFT warm start: {plan.sft_steps} steps of 32 prompts", flush=True)
     sft = SFTRun(sft_config)
     sft_history = sft.train()
     sft.engine.close()
     sft_model = sft.final_model_dir
-    stages.append(_evaluate(sft_config, sft_model, eval_records, "after SFT",
-                            sum(m["time/step_s"] for m in sft_history) / len(sft_history)))
+    stages.append(
+        _evaluate(
+            sft_config,
+            sft_model,
+            eval_records,
+            "after SFT",
+            sum(m["time/step_s"] for m in sft_history) / len(sft_history),
+        )
+    )
 
-    grpo_config = load_config(DEMO_CONFIG, [*base, f"model.name_or_path={sft_model}",
-                                            f"train.steps={plan.grpo_steps}", f"logging.output_dir={out / 'grpo'}"])
-    print(f"[demo] GRPO-MA T4A4: {plan.grpo_steps} steps of {grpo_config.train.prompts_per_step} prompts x 4 "
-          f"thoughts x 4 answers", flush=True)
+    grpo_config = load_config(
+        DEMO_CONFIG,
+        [
+            *base,
+            f"model.name_or_path={sft_model}",
+            f"train.steps={plan.grpo_steps}",
+            f"logging.output_dir={out / 'grpo'}",
+        ],
+    )
+    print(
+        f"[demo] GRPO-MA T4A4: {plan.grpo_steps} steps of {grpo_config.train.prompts_per_step} prompts x 4 "
+        f"thoughts x 4 answers",
+        flush=True,
+    )
     trainer = Trainer(grpo_config)
     grpo_history = trainer.train()
     trainer.engine.close()
-    stages.append(_evaluate(grpo_config, trainer.final_model_dir, eval_records, "after GRPO-MA",
-                            sum(m["time/step_s"] for m in grpo_history) / len(grpo_history)))
+    stages.append(
+        _evaluate(
+            grpo_config,
+            trainer.final_model_dir,
+            eval_records,
+            "after GRPO-MA",
+            sum(m["time/step_s"] for m in grpo_history) / len(grpo_history),
+        )
+    )
 
     plot = out / "reward_curve.png"
     _plot(sft_history, grpo_history, plot)
@@ -126,10 +181,14 @@ def run_demo(out: Path, plan: DemoPlan) -> list[Stage]:
         per_step = "" if s.seconds_per_step is None else f"{s.seconds_per_step:7.2f}"
         print(f"{s.name:<14} {s.iou:12.3f} {s.precision:7.3f} {s.format_rate:7.2f} {per_step:>7}")
     first, last = grpo_history[0], grpo_history[-1]
-    print(f"\nGRPO-MA training reward {first['reward/total_mean']:.3f} -> {last['reward/total_mean']:.3f} "
-          f"(IoU {first['reward/iou_mean']:.3f} -> {last['reward/iou_mean']:.3f}); GSS@10 count "
-          f"{int(last['train/gss10_count'])}")
-    print(f"plot: {plot}; metrics: {out / 'grpo' / 'metrics.jsonl'}; models: {sft_model}, {trainer.final_model_dir}")
+    print(
+        f"\nGRPO-MA training reward {first['reward/total_mean']:.3f} -> {last['reward/total_mean']:.3f} "
+        f"(IoU {first['reward/iou_mean']:.3f} -> {last['reward/iou_mean']:.3f}); GSS@10 count "
+        f"{int(last['train/gss10_count'])}"
+    )
+    print(
+        f"plot: {plot}; metrics: {out / 'grpo' / 'metrics.jsonl'}; models: {sft_model}, {trainer.final_model_dir}"
+    )
     print(f"total {time.perf_counter() - start:.0f} s")
     return stages
 

@@ -15,8 +15,18 @@ import sys
 from dataclasses import asdict, dataclass
 from importlib import metadata
 
-PACKAGES = ("torch", "torchvision", "transformers", "deepspeed", "qwen-vl-utils", "peft", "accelerate",
-            "sapien", "vllm", "tensorboard")
+PACKAGES = (
+    "torch",
+    "torchvision",
+    "transformers",
+    "deepspeed",
+    "qwen-vl-utils",
+    "peft",
+    "accelerate",
+    "sapien",
+    "vllm",
+    "tensorboard",
+)
 
 _DEEPSPEED_PROBE = """
 import os, socket
@@ -58,20 +68,30 @@ def _version(name: str) -> str | None:
 
 def _run_probe(code: str, *args: str, timeout: float = 180.0) -> Probe:
     try:
-        result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                                timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        result = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
     except subprocess.TimeoutExpired:
         return Probe(False, f"timed out after {timeout:.0f} s")
     lines = [line for line in (result.stdout + result.stderr).strip().splitlines() if line.strip()]
     last = lines[-1] if lines else f"exit code {result.returncode}"
-    return Probe(result.returncode == 0, last if result.returncode != 0 else result.stdout.strip().splitlines()[-1])
+    return Probe(
+        result.returncode == 0, last if result.returncode != 0 else result.stdout.strip().splitlines()[-1]
+    )
 
 
 def _devices() -> dict[str, object]:
     import torch
 
-    info: dict[str, object] = {"cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                               "cuda_available": torch.cuda.is_available()}
+    info: dict[str, object] = {
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_available": torch.cuda.is_available(),
+    }
     if torch.cuda.is_available():
         info["cuda_devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         info["cuda_version"] = torch.version.cuda
@@ -87,7 +107,9 @@ def _deepspeed_ops() -> dict[str, object]:
     return {
         "accelerator": get_accelerator().device_name(),
         "cpu_adam_compatible": bool(CPUAdamBuilder().is_compatible(verbose=False)),
-        "torch_extensions_dir": os.environ.get("TORCH_EXTENSIONS_DIR", "(default: ~/.cache/torch_extensions)"),
+        "torch_extensions_dir": os.environ.get(
+            "TORCH_EXTENSIONS_DIR", "(default: ~/.cache/torch_extensions)"
+        ),
     }
 
 
@@ -145,7 +167,9 @@ def _print_human(report: dict[str, object]) -> None:
 
 
 def main(args) -> int:
-    with contextlib.redirect_stdout(sys.stderr):  # library banners (DeepSpeed's accelerator line) stay off stdout
+    with contextlib.redirect_stdout(
+        sys.stderr
+    ):  # library banners (DeepSpeed's accelerator line) stay off stdout
         report = collect(probe=not args.no_probe)
     if args.json:
         print(json.dumps(report, indent=2))

@@ -52,7 +52,9 @@ def beta_bernoulli(prompts, thoughts, answers, seed):
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     p = torch.distributions.Beta(2.0, 2.0).sample((prompts, thoughts)).double()
-    return (torch.rand(prompts, thoughts, answers, generator=gen, dtype=torch.float64) < p.unsqueeze(-1)).double()
+    return (
+        torch.rand(prompts, thoughts, answers, generator=gen, dtype=torch.float64) < p.unsqueeze(-1)
+    ).double()
 
 
 @pytest.mark.parametrize("answers", [2, 4, 8])
@@ -74,8 +76,13 @@ def test_estimator_matches_direct_resampling_of_answers():
 
 
 def test_variance_benchmark_prints_the_table():
-    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "variance.py"), "--tagged", "12",
-                          "--replicates", "24"], capture_output=True, text=True, timeout=300, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "variance.py"), "--tagged", "12", "--replicates", "24"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
     rows = [line for line in out.splitlines() if line.split("|")[0].strip().isdigit()]
     assert [int(r.split("|")[0]) for r in rows] == [1, 2, 4, 8, 16]
     assert all(len(r.split("|")) == 9 for r in rows)

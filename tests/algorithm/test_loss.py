@@ -34,10 +34,13 @@ def random_tree(seed, batch, thoughts, answers, max_thought=7, max_answer=4, dty
         return -torch.rand(*shape, generator=gen, dtype=dtype) * 3
 
     tree = {
-        "t_len": t_len, "a_len": a_len,
-        "t_logp": logps(batch, thoughts, max_thought), "t_old": logps(batch, thoughts, max_thought),
+        "t_len": t_len,
+        "a_len": a_len,
+        "t_logp": logps(batch, thoughts, max_thought),
+        "t_old": logps(batch, thoughts, max_thought),
         "t_ref": logps(batch, thoughts, max_thought),
-        "a_logp": logps(batch, thoughts, answers, max_answer), "a_old": logps(batch, thoughts, answers, max_answer),
+        "a_logp": logps(batch, thoughts, answers, max_answer),
+        "a_old": logps(batch, thoughts, answers, max_answer),
         "a_ref": logps(batch, thoughts, answers, max_answer),
         "rewards": torch.rand(batch, thoughts, answers, generator=gen, dtype=dtype),
     }
@@ -55,15 +58,30 @@ def ours(tree, aggregation, t_logp=None, a_logp=None, max_completion=None, thoug
     t_logp = tree["t_logp"] if t_logp is None else t_logp
     a_logp = tree["a_logp"] if a_logp is None else a_logp
     thought_adv, answer_adv = grpo_ma_advantages(tree["rewards"])
-    t_w, a_w = grpo_ma_token_weights(tree["t_len"], tree["a_len"], aggregation=aggregation,
-                                     thought_loss_weight=thought_loss_weight, max_completion_tokens=max_completion)
+    t_w, a_w = grpo_ma_token_weights(
+        tree["t_len"],
+        tree["a_len"],
+        aggregation=aggregation,
+        thought_loss_weight=thought_loss_weight,
+        max_completion_tokens=max_completion,
+    )
     b, k, m, ta = tree["a_logp"].shape
-    thought = Segments(t_logp.reshape(b * k, -1), length_mask(tree["t_len"], t_logp.shape[-1]).reshape(b * k, -1),
-                       thought_adv.reshape(-1), t_w.reshape(-1), tree["t_old"].reshape(b * k, -1),
-                       tree["t_ref"].reshape(b * k, -1))
-    answer = Segments(a_logp.reshape(b * k * m, ta), length_mask(tree["a_len"], ta).reshape(b * k * m, ta),
-                      answer_adv.reshape(-1), a_w.reshape(-1), tree["a_old"].reshape(-1, ta),
-                      tree["a_ref"].reshape(-1, ta))
+    thought = Segments(
+        t_logp.reshape(b * k, -1),
+        length_mask(tree["t_len"], t_logp.shape[-1]).reshape(b * k, -1),
+        thought_adv.reshape(-1),
+        t_w.reshape(-1),
+        tree["t_old"].reshape(b * k, -1),
+        tree["t_ref"].reshape(b * k, -1),
+    )
+    answer = Segments(
+        a_logp.reshape(b * k * m, ta),
+        length_mask(tree["a_len"], ta).reshape(b * k * m, ta),
+        answer_adv.reshape(-1),
+        a_w.reshape(-1),
+        tree["a_old"].reshape(-1, ta),
+        tree["a_ref"].reshape(-1, ta),
+    )
     out_t = policy_loss(thought, clip_eps_low=EPS_LOW, clip_eps_high=EPS_HIGH, kl_beta=BETA)
     out_a = policy_loss(answer, clip_eps_low=EPS_LOW, clip_eps_high=EPS_HIGH, kl_beta=BETA)
     return out_t.loss + out_a.loss
@@ -78,13 +96,15 @@ def concat_paths(tree, key_t, key_a, m):
             tl, al = int(tree["t_len"][bi, ki]), int(tree["a_len"][bi, ki, m])
             row = torch.zeros(tt + tree[key_a].shape[-1], dtype=tree[key_t].dtype)
             row[:tl] = tree[key_t][bi, ki, :tl]
-            row[tl:tl + al] = tree[key_a][bi, ki, m, :al]
+            row[tl : tl + al] = tree[key_a][bi, ki, m, :al]
             rows.append(row)
     return torch.stack(rows)
 
 
-@pytest.mark.parametrize("loss_type,aggregation", [("grpo", "seq_mean_token_mean"), ("dapo", "token_mean"),
-                                                   ("dr_grpo", "seq_mean_token_sum_norm")])
+@pytest.mark.parametrize(
+    "loss_type,aggregation",
+    [("grpo", "seq_mean_token_mean"), ("dapo", "token_mean"), ("dr_grpo", "seq_mean_token_sum_norm")],
+)
 @pytest.mark.parametrize("seed", range(3))
 def test_m1_loss_and_gradient_equal_trl_grpo(loss_type, aggregation, seed):
     tree = random_tree(seed, batch=3, thoughts=4, answers=1, dtype=torch.float64)
@@ -124,8 +144,9 @@ def test_each_thought_counts_once_not_m_times():
         mask = (torch.arange(logp.shape[1]) < lengths).double()
         # per-token advantages: thought advantage on thought tokens, the answer's own on answer tokens
         t_len = tree["t_len"].reshape(-1, 1)
-        adv = torch.where(torch.arange(logp.shape[1]) < t_len, thought_adv.reshape(-1, 1),
-                          answer_adv[..., m].reshape(-1, 1))
+        adv = torch.where(
+            torch.arange(logp.shape[1]) < t_len, thought_adv.reshape(-1, 1), answer_adv[..., m].reshape(-1, 1)
+        )
         ratio = torch.exp(logp - old)
         per_token = -torch.min(ratio * adv, torch.clamp(ratio, 1 - EPS_LOW, 1 + EPS_HIGH) * adv)
         per_token = per_token + BETA * k3_kl(logp, ref)
@@ -179,8 +200,12 @@ def test_clip_fraction_on_constructed_ratios():
     logp = torch.log(ratios)
     advantages = torch.tensor([1.0, -1.0])
     mask = torch.tensor([[True, True, True, True], [True, True, True, False]])
-    out = policy_loss(Segments(logp, mask, advantages, torch.ones(2), old_logp=torch.zeros_like(logp)),
-                      clip_eps_low=0.2, clip_eps_high=0.2, kl_beta=0.0)
+    out = policy_loss(
+        Segments(logp, mask, advantages, torch.ones(2), old_logp=torch.zeros_like(logp)),
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+        kl_beta=0.0,
+    )
     # A > 0: only r = 1.5 > 1.2 is clipped; A < 0: only r = 0.5 < 0.8 (r = 1.5 is masked out).
     assert out.tokens == 7
     assert out.clip_high_fraction.item() == pytest.approx(1 / 7)
@@ -190,8 +215,18 @@ def test_clip_fraction_on_constructed_ratios():
 
 def test_clipped_tokens_have_zero_gradient_and_unclipped_have_minus_ratio_times_advantage():
     logp = torch.log(torch.tensor([[0.5, 1.0, 1.5]])).requires_grad_(True)
-    out = policy_loss(Segments(logp, torch.ones(1, 3, dtype=torch.bool), torch.tensor([2.0]), torch.ones(1),
-                               old_logp=torch.zeros(1, 3)), clip_eps_low=0.2, clip_eps_high=0.2, kl_beta=0.0)
+    out = policy_loss(
+        Segments(
+            logp,
+            torch.ones(1, 3, dtype=torch.bool),
+            torch.tensor([2.0]),
+            torch.ones(1),
+            old_logp=torch.zeros(1, 3),
+        ),
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+        kl_beta=0.0,
+    )
     out.loss.backward()
     # A > 0: r = 0.5 uses the unclipped branch (min picks it), r = 1.5 is clipped -> zero gradient.
     torch.testing.assert_close(logp.grad, torch.tensor([[-0.5 * 2.0, -1.0 * 2.0, 0.0]]))
@@ -200,8 +235,12 @@ def test_clipped_tokens_have_zero_gradient_and_unclipped_have_minus_ratio_times_
 def test_first_epoch_ratio_is_one_but_gradient_is_the_policy_gradient():
     logp = (-torch.rand(2, 5, generator=torch.Generator().manual_seed(0))).requires_grad_(True)
     adv = torch.tensor([1.5, -0.5])
-    out = policy_loss(Segments(logp, torch.ones(2, 5, dtype=torch.bool), adv, torch.full((2,), 0.1)),
-                      clip_eps_low=0.2, clip_eps_high=0.2, kl_beta=0.0)
+    out = policy_loss(
+        Segments(logp, torch.ones(2, 5, dtype=torch.bool), adv, torch.full((2,), 0.1)),
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+        kl_beta=0.0,
+    )
     out.loss.backward()
     torch.testing.assert_close(out.loss, -(adv * 0.1 * 5).sum())
     torch.testing.assert_close(logp.grad, (-adv.unsqueeze(1) * 0.1).expand(2, 5))
@@ -229,8 +268,14 @@ def test_micro_batches_add_up_to_the_full_batch_loss():
     mask = length_mask(tree["t_len"], logp.shape[1]).reshape(8, -1)
 
     def loss(rows):
-        seg = Segments(logp[rows], mask[rows], thought_adv.reshape(-1)[rows], t_w.reshape(-1)[rows],
-                       tree["t_old"].reshape(8, -1)[rows], tree["t_ref"].reshape(8, -1)[rows])
+        seg = Segments(
+            logp[rows],
+            mask[rows],
+            thought_adv.reshape(-1)[rows],
+            t_w.reshape(-1)[rows],
+            tree["t_old"].reshape(8, -1)[rows],
+            tree["t_ref"].reshape(8, -1)[rows],
+        )
         return policy_loss(seg, clip_eps_low=EPS_LOW, clip_eps_high=EPS_HIGH, kl_beta=BETA).loss
 
     torch.testing.assert_close(loss(slice(0, 3)) + loss(slice(3, 8)), loss(slice(0, 8)))

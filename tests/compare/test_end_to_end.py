@@ -13,12 +13,35 @@ from vlm_grpoma.compare.report import write_results
 
 def test_miniature_comparison_runs_every_command_and_reports(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    plan = ComparePlan("mini", (
-        TaskSetup("detection", "shapes", 8, {"test": 3}, sft_steps=2, sft_batch=4, headline="iou", steps=2,
-                  difficulty="easy"),
-        TaskSetup("manipulation", "sapien", 4, {"seen": 2, "unseen": 2}, sft_steps=2, sft_batch=4,
-                  headline="manipulation/success", steps=2),
-    ), arms=(Arm(2, 1), Arm(2, 2)), seeds=(0,), eval_every=1)
+    plan = ComparePlan(
+        "mini",
+        (
+            TaskSetup(
+                "detection",
+                "shapes",
+                8,
+                {"test": 3},
+                sft_steps=2,
+                sft_batch=4,
+                headline="iou",
+                steps=2,
+                difficulty="easy",
+            ),
+            TaskSetup(
+                "manipulation",
+                "sapien",
+                4,
+                {"seen": 2, "unseen": 2},
+                sft_steps=2,
+                sft_batch=4,
+                headline="manipulation/success",
+                steps=2,
+            ),
+        ),
+        arms=(Arm(2, 1), Arm(2, 2)),
+        seeds=(0,),
+        eval_every=1,
+    )
     layout = Layout(tmp_path / "runs")
     jobs = build_jobs(plan, layout)
     timings = run_jobs(jobs, workers=2, log_dir=layout.logs, report=lambda _: None)
@@ -26,7 +49,10 @@ def test_miniature_comparison_runs_every_command_and_reports(tmp_path, monkeypat
     for task in plan.tasks:
         starts = []
         for arm in plan.arms:
-            rows = [json.loads(line) for line in (layout.arm(task, arm, 0) / "metrics.jsonl").read_text().splitlines()]
+            rows = [
+                json.loads(line)
+                for line in (layout.arm(task, arm, 0) / "metrics.jsonl").read_text().splitlines()
+            ]
             assert [r["step"] for r in rows] == [0, 1, 2]
             for name in task.eval_records:
                 assert all(f"eval/{name}/{task.headline}_mean" in r for r in rows)
@@ -35,5 +61,9 @@ def test_miniature_comparison_runs_every_command_and_reports(tmp_path, monkeypat
         assert starts[0] == starts[1]  # both arms start from the same warm start: identical step-0 evaluation
     report = write_results(plan, layout, jobs, timings, tmp_path / "docs")
     text = report.read_text()
-    assert report.name == "results-mini.md" and "| T2A2 | 4 |" in text and "held-out manipulation/success (unseen)" in text
+    assert (
+        report.name == "results-mini.md"
+        and "| T2A2 | 4 |" in text
+        and "held-out manipulation/success (unseen)" in text
+    )
     assert (tmp_path / "docs" / "images" / "compare-mini_manipulation.png").is_file()

@@ -25,10 +25,16 @@ def test_full_plan_is_the_issue_grid_and_arms_compare_at_equal_samples():
     assert [t.name for t in plan.tasks] == ["detection", "manipulation"]
     assert [a.name for a in plan.arms] == ["T4A1", "T16A1", "T4A4", "T8A2"] and plan.seeds == (0, 1, 2)
     assert {a.samples for a in plan.arms if a.name != "T4A1"} == {16}
-    with pytest.raises(ValueError, match=r"--tasks: unknown task 'grasping'; this plan has detection, manipulation"):
+    with pytest.raises(
+        ValueError, match=r"--tasks: unknown task 'grasping'; this plan has detection, manipulation"
+    ):
         plan.select(tasks=["grasping"])
     small = plan.select(tasks=["manipulation"], arms=["T4A4"], seeds=[2])
-    assert [t.name for t in small.tasks] == ["manipulation"] and small.arms == (Arm(4, 4),) and small.seeds == (2,)
+    assert (
+        [t.name for t in small.tasks] == ["manipulation"]
+        and small.arms == (Arm(4, 4),)
+        and small.seeds == (2,)
+    )
     assert small.name == "full-subset" and small.arguments == " --tasks manipulation --arms T4A4 --seeds 2"
     assert plan.select() is plan and ComparePlan.quick().select(seeds=[1]).arguments == " --quick --seeds 1"
 
@@ -39,13 +45,17 @@ def test_every_command_is_valid_and_waits_only_for_earlier_jobs(plan, tmp_path, 
     layout = Layout(tmp_path / "runs")
     jobs = build_jobs(plan, layout)
     assert len({j.name for j in jobs}) == len(jobs)
-    assert len([j for j in jobs if j.name.startswith("train/")]) == len(plan.tasks) * len(plan.arms) * len(plan.seeds)
+    assert len([j for j in jobs if j.name.startswith("train/")]) == len(plan.tasks) * len(plan.arms) * len(
+        plan.seeds
+    )
     earlier: set[str] = set()
     for job in jobs:
         assert set(job.after) <= earlier, job.name
         earlier.add(job.name)
         command = shlex.split(job.command())
-        assert command[0] == "vlm-grpoma" and str(tmp_path) not in job.command()  # paths relative to the checkout
+        assert (
+            command[0] == "vlm-grpoma" and str(tmp_path) not in job.command()
+        )  # paths relative to the checkout
         assert command[1:] == [a.replace(f"{tmp_path}/", "") for a in job.args]
         if job.args[0] in ("sft", "train"):
             config = load_config(job.args[2], job.args[3:])
@@ -56,8 +66,17 @@ def test_every_command_is_valid_and_waits_only_for_earlier_jobs(plan, tmp_path, 
         task_jobs = [j for j in trains if j.name.startswith(f"train/{task.name}/")]
         configs = [load_config(j.args[2], j.args[3:]) for j in task_jobs]
         # arms of a task differ only in K, M, seed and output folder
-        shared = {(c.model.name_or_path, c.data.train_path, tuple(c.data.eval_sets.items()), c.train.steps,
-                   c.optim.learning_rate, c.train.eval_every) for c in configs}
+        shared = {
+            (
+                c.model.name_or_path,
+                c.data.train_path,
+                tuple(c.data.eval_sets.items()),
+                c.train.steps,
+                c.optim.learning_rate,
+                c.train.eval_every,
+            )
+            for c in configs
+        }
         assert len(shared) == 1
         assert configs[0].model.name_or_path == str(layout.warm_start(task))
         assert sorted(configs[0].data.eval_sets) == sorted(task.eval_records)

@@ -20,16 +20,33 @@ from vlm_grpoma.compare.summary import Stat, difference, paired_difference, read
 STEPS = 24
 
 
-def _write_run(folder, *, reward: np.ndarray, held_out: dict[int, float], thought_variance: float | None,
-               spikes: int = 0) -> None:
+def _write_run(
+    folder, *, reward: np.ndarray, held_out: dict[int, float], thought_variance: float | None, spikes: int = 0
+) -> None:
     folder.mkdir(parents=True)
-    rows = [{"step": 0, "eval/test/iou_mean": held_out[0], "eval/test/reward_mean": held_out[0],
-             "eval/test/iou/giou_mean": -1.0, "time/eval_s": 2.0}]
+    rows = [
+        {
+            "step": 0,
+            "eval/test/iou_mean": held_out[0],
+            "eval/test/reward_mean": held_out[0],
+            "eval/test/iou/giou_mean": -1.0,
+            "time/eval_s": 2.0,
+        }
+    ]
     for step in range(1, STEPS + 1):
-        row = {"step": step, "reward/total_mean": float(reward[step - 1]), "reward/iou_mean": float(reward[step - 1]),
-               "train/grad_norm": 0.5 + step / 100, "train/gss": 1.0, "train/gss10_count": spikes * (step == STEPS),
-               "variance/thought_adv_estimate": thought_variance, "time/step_s": 1.5, "time/rollout_s": 0.5,
-               "time/reward_s": 0.25, "time/update_s": 0.75}
+        row = {
+            "step": step,
+            "reward/total_mean": float(reward[step - 1]),
+            "reward/iou_mean": float(reward[step - 1]),
+            "train/grad_norm": 0.5 + step / 100,
+            "train/gss": 1.0,
+            "train/gss10_count": spikes * (step == STEPS),
+            "variance/thought_adv_estimate": thought_variance,
+            "time/step_s": 1.5,
+            "time/rollout_s": 0.5,
+            "time/reward_s": 0.25,
+            "time/update_s": 0.75,
+        }
         if step in held_out:
             row.update({"eval/test/iou_mean": held_out[step], "time/eval_s": 2.0})
         rows.append(row)
@@ -50,18 +67,31 @@ def _fill(layout: Layout, plan: ComparePlan) -> dict:
             lift = 0.3 if arm.answers > 1 else 0.0
             reward = np.linspace(0.2, 0.4 + lift, STEPS) + rng.normal(0, 0.01, STEPS)
             held = {0: 0.10, 8: 0.2, STEPS: 0.30 + lift + 0.01 * seed}
-            _write_run(layout.arm(task, arm, seed), reward=reward, held_out=held,
-                       thought_variance=0.4 if arm.answers > 1 else None, spikes=seed)
+            _write_run(
+                layout.arm(task, arm, seed),
+                reward=reward,
+                held_out=held,
+                thought_variance=0.4 if arm.answers > 1 else None,
+                spikes=seed,
+            )
             truth[(arm.name, seed)] = (reward, held)
     return truth
 
 
 def test_read_run_parses_series_and_held_out_scores(tmp_path):
     reward = np.linspace(0, 1, STEPS)
-    _write_run(tmp_path / "run", reward=reward, held_out={0: 0.1, 8: 0.2, STEPS: 0.3}, thought_variance=None, spikes=2)
+    _write_run(
+        tmp_path / "run",
+        reward=reward,
+        held_out={0: 0.1, 8: 0.2, STEPS: 0.3},
+        thought_variance=None,
+        spikes=2,
+    )
     run = read_run(tmp_path / "run", "iou")
     assert run.steps == STEPS and np.allclose(run.reward, reward)
-    assert run.held_out == {"test": {0: 0.1, 8: 0.2, STEPS: 0.3}}  # eval/test/iou/giou_mean is not the headline
+    assert run.held_out == {
+        "test": {0: 0.1, 8: 0.2, STEPS: 0.3}
+    }  # eval/test/iou/giou_mean is not the headline
     assert run.gss10_count == 2 and run.eval_seconds == pytest.approx(6.0)
     assert np.allclose(run.wall_seconds, 1.5 * np.arange(1, STEPS + 1))
     assert run.phase_seconds == {"rollout": 0.5, "reward": 0.25, "update": 0.75}
@@ -83,7 +113,10 @@ def test_summary_statistics_match_the_statistics_module(tmp_path):
     assert summary.reward_end.std == pytest.approx(statistics.stdev(ends))
     held = [truth[(arm.name, s)][1][STEPS] for s in plan.seeds]
     assert summary.held_out_end["test"].mean == pytest.approx(statistics.mean(held))
-    assert summary.held_out_start["test"].mean == pytest.approx(0.10) and summary.held_out_start["test"].std < 1e-12
+    assert (
+        summary.held_out_start["test"].mean == pytest.approx(0.10)
+        and summary.held_out_start["test"].std < 1e-12
+    )
     assert summary.gss10.mean == pytest.approx(1.0) and summary.thought_variance.mean == pytest.approx(0.4)
     assert summary.train_minutes.mean == pytest.approx((STEPS * 1.5 + 3 * 2.0) / 60)
 
@@ -136,7 +169,9 @@ def test_report_writes_table_verdicts_commands_and_figure(tmp_path):
     assert "- **T4A4 − T4A1**: held-out iou (test) +0.300 ± 0.008 (higher)" in text
     wall = (30 * (len(jobs) - 1) + 60) / 60
     assert f"the last one's end: {wall:.1f} min ({len(jobs):.1f} min of job time" in text
-    assert "32+ records per set" in text and "over 3 seeds per arm" in text  # the reading notes use this plan's sizes
+    assert (
+        "32+ records per set" in text and "over 3 seeds per arm" in text
+    )  # the reading notes use this plan's sizes
     assert "`python benchmarks/compare.py --quick --tasks detection --arms T4A1 T4A4`" in text
     assert "T4A1 training reward, last 10 − first 10 steps: +0.1" in text
     for job in jobs:

@@ -16,8 +16,15 @@ RED, BLUE = (255, 0, 0), (0, 0, 255)
 
 
 def _record(path, width, height, rid="img-1", gt=None):
-    return Record(rid, str(path), "detection" if gt is None else "affordance", "p", width, height,
-                  gt or Boxes((Box(0, 0, 1, 1),)))
+    return Record(
+        rid,
+        str(path),
+        "detection" if gt is None else "affordance",
+        "p",
+        width,
+        height,
+        gt or Boxes((Box(0, 0, 1, 1),)),
+    )
 
 
 @pytest.fixture
@@ -45,8 +52,11 @@ def test_exif_orientation_is_applied(rotated_jpeg):
 def test_record_size_is_checked_after_orientation(rotated_jpeg):
     assert load_image(_record(rotated_jpeg, 20, 40)).size == (20, 40)
     check_image(_record(rotated_jpeg, 20, 40))
-    with pytest.raises(ImageLoadError, match=r"record img-1: .*photo\.jpg: image is 20x40 \(after EXIF "
-                                             r"orientation\) but the record says 40x20"):
+    with pytest.raises(
+        ImageLoadError,
+        match=r"record img-1: .*photo\.jpg: image is 20x40 \(after EXIF "
+        r"orientation\) but the record says 40x20",
+    ):
         load_image(_record(rotated_jpeg, 40, 20))
     with pytest.raises(ImageLoadError, match="but the record says 40x20"):
         check_image(_record(rotated_jpeg, 40, 20))

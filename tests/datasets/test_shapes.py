@@ -21,8 +21,10 @@ NORMAL = ShapesConfig()
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory) -> dict[str, list]:
     root = tmp_path_factory.mktemp("shapes")
-    return {task: read_records(generate_shapes(task, n, root / task, seed=3, split="train", config=NORMAL))
-            for task, n in (("detection", 60), ("affordance", 30), ("trajectory", 30))}
+    return {
+        task: read_records(generate_shapes(task, n, root / task, seed=3, split="train", config=NORMAL))
+        for task, n in (("detection", 60), ("affordance", 30), ("trajectory", 30))
+    }
 
 
 def _colour_pixels(image: np.ndarray, colour: str) -> np.ndarray:
@@ -73,12 +75,17 @@ _DESC = r"the (?:(small|large) )?(\w+) (\w+)"
 
 def _matches(desc: tuple[str, str, str], objects: list[dict]) -> list[int]:
     size, colour, kind = desc
-    return [i for i, o in enumerate(objects)
-            if o["colour"] == colour and o["kind"] == kind and (not size or o["size"] == size)]
+    return [
+        i
+        for i, o in enumerate(objects)
+        if o["colour"] == colour and o["kind"] == kind and (not size or o["size"] == size)
+    ]
 
 
 def _holds(rel: str, a: list[int], b: list[int]) -> bool:
-    return {"left of": a[2] <= b[0], "right of": a[0] >= b[2], "above": a[3] <= b[1], "below": a[1] >= b[3]}[rel]
+    return {"left of": a[2] <= b[0], "right of": a[0] >= b[2], "above": a[3] <= b[1], "below": a[1] >= b[3]}[
+        rel
+    ]
 
 
 def _interpret(expression: str, objects: list[dict]) -> list[int]:
@@ -98,23 +105,27 @@ def test_referring_expressions_pick_out_exactly_the_ground_truth(datasets):
     for rec in datasets["detection"]:
         objects, gt = rec.meta["objects"], rec.ground_truth
         assert isinstance(gt, Boxes)
-        assert [list(map(int, (b.x1, b.y1, b.x2, b.y2))) for b in gt.boxes] == \
-               [objects[i]["box"] for i in rec.meta["targets"]]
+        assert [list(map(int, (b.x1, b.y1, b.x2, b.y2))) for b in gt.boxes] == [
+            objects[i]["box"] for i in rec.meta["targets"]
+        ]
         expr = rec.meta["expression"]
         assert rec.prompt == f"Find {expr}."
         if expr.startswith("all the "):
             kinds["multi"] += 1
-            key = expr[len("all the "):]
-            wanted = [i for i, o in enumerate(objects)
-                      if (key == f"{o['colour']} shapes") or key == f"{o['kind']}s"]
+            key = expr[len("all the ") :]
+            wanted = [
+                i for i, o in enumerate(objects) if (key == f"{o['colour']} shapes") or key == f"{o['kind']}s"
+            ]
             assert sorted(rec.meta["targets"]) == wanted and len(wanted) >= 2 and len(wanted) < len(objects)
         else:
             kinds["single"] += 1
             kinds["relation"] += any(r in expr for r in (" left of ", " right of ", " above ", " below "))
             kinds["size"] += expr.startswith(("the small ", "the large "))
             assert _interpret(expr, objects) == rec.meta["targets"], (rec.id, expr)
-            assert gt.boxes[0].label == f"{objects[rec.meta['targets'][0]]['colour']} " \
-                                        f"{objects[rec.meta['targets'][0]]['kind']}"
+            assert (
+                gt.boxes[0].label == f"{objects[rec.meta['targets'][0]]['colour']} "
+                f"{objects[rec.meta['targets'][0]]['kind']}"
+            )
     assert all(v >= 3 for v in kinds.values()), kinds  # every kind of prompt occurs
 
 
@@ -132,7 +143,9 @@ def test_affordance_masks_are_the_named_part_of_the_named_tool(datasets):
         share = mask.sum() / tool_pixels
         assert (share < 0.5) if rec.meta["part"] == "handle" else (share > 0.5), (rec.id, share)
         # only one tool answers to the name in the prompt
-        assert sum(o["colour"] == tool["colour"] and o["kind"] == tool["kind"] for o in rec.meta["objects"]) == 1
+        assert (
+            sum(o["colour"] == tool["colour"] and o["kind"] == tool["kind"] for o in rec.meta["objects"]) == 1
+        )
 
 
 def _samples(points, step=0.25) -> np.ndarray:
@@ -169,11 +182,15 @@ def test_trajectories_go_around_the_obstacle(datasets):
                 x1, y1, x2, y2 = o["box"]
                 others[y1:y2, x1:x2] |= _colour_pixels(image, o["colour"])[y1:y2, x1:x2]
         assert not _hits(gt.points, others), rec.id
-        assert _hits([gt.points[0], gt.points[-1]], occupied), rec.id  # the straight path would run through it
+        assert _hits([gt.points[0], gt.points[-1]], occupied), (
+            rec.id
+        )  # the straight path would run through it
         for (x, y), box in ((gt.points[0], start["box"]), (gt.points[-1], goal["box"])):
             assert box[0] <= x <= box[2] and box[1] <= y <= box[3]
-        assert rec.prompt == (f"Draw a path from the {start['colour']} {start['kind']} to the {goal['colour']} "
-                              f"{goal['kind']} around the {obstacle['colour']} {obstacle['kind']}.")
+        assert rec.prompt == (
+            f"Draw a path from the {start['colour']} {start['kind']} to the {goal['colour']} "
+            f"{goal['kind']} around the {obstacle['colour']} {obstacle['kind']}."
+        )
 
 
 def test_easy_preset_matches_the_cpu_demo_data(tmp_path):
@@ -205,8 +222,14 @@ def test_bad_requests_are_refused(tmp_path):
         generate_shapes("detection", 1, tmp_path, config=ShapesConfig(colours=("mauve",)))
     with pytest.raises(ValueError, match="max_shape_size <= image_size / 2"):
         generate_shapes("detection", 1, tmp_path, config=ShapesConfig(image_size=64, max_shape_size=40))
-    impossible = ShapesConfig(shapes=("circle",), colours=("red",), min_distractors=2, max_distractors=2,
-                              difficulty="easy", multi_fraction=0.0)
+    impossible = ShapesConfig(
+        shapes=("circle",),
+        colours=("red",),
+        min_distractors=2,
+        max_distractors=2,
+        difficulty="easy",
+        multi_fraction=0.0,
+    )
     with pytest.raises(ValueError, match="too restrictive"):
         generate_shapes("trajectory", 1, tmp_path, config=impossible)
 

@@ -23,8 +23,10 @@ def datasets(tmp_path_factory):
     if not ok:
         pytest.skip(f"Vulkan rendering unavailable: {reason}")
     root = tmp_path_factory.mktemp("sapien-data")
-    return {task: read_records(sapien_data.generate(task, N, root / task, 11, "unseen"))
-            for task in ("manipulation", "affordance", "trajectory", "detection")}, root
+    return {
+        task: read_records(sapien_data.generate(task, N, root / task, 11, "unseen"))
+        for task in ("manipulation", "affordance", "trajectory", "detection")
+    }, root
 
 
 @pytest.mark.slow
@@ -43,7 +45,7 @@ def test_records_are_grounded_in_the_same_scenes(datasets):
         assert isinstance(afford.ground_truth, MaskRef) and EpisodeSpec.from_meta(afford.meta) == spec
         mask = np.asarray(Image.open(root / "affordance" / afford.ground_truth.path))
         assert mask.shape == (manip.height, manip.width) and 20 <= (mask > 0).sum() < mask.size // 4
-        near = mask[max(0, y - 2):y + 3, max(0, x - 2):x + 3]
+        near = mask[max(0, y - 2) : y + 3, max(0, x - 2) : x + 3]
         assert near.any()  # the oracle's contact lies on the target region
 
         traj = records["trajectory"][i].ground_truth

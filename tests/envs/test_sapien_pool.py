@@ -33,9 +33,12 @@ def _strip(outcome):
 
 def test_pool_matches_in_process_results(pool):
     sampled = pool.map([("sample", ("seen", i, 1), {}) for i in range(8)])
-    assert sampled == [sample_split_episode("seen", i, 1) for i in range(8)]  # same episodes in other processes
-    jobs = [(spec, oracle) for spec, oracle in sampled] + [(spec, random_action(spec, 1, i))
-                                                         for i, (spec, _) in enumerate(sampled)]
+    assert sampled == [
+        sample_split_episode("seen", i, 1) for i in range(8)
+    ]  # same episodes in other processes
+    jobs = [(spec, oracle) for spec, oracle in sampled] + [
+        (spec, random_action(spec, 1, i)) for i, (spec, _) in enumerate(sampled)
+    ]
     remote = pool.execute(jobs)
     local = [execute(spec, action) for spec, action in jobs]
     assert [_strip(o) for o in remote] == [_strip(o) for o in local]
@@ -68,8 +71,9 @@ def test_dead_worker_is_replaced_and_its_episode_fails(pool):
 def test_hung_worker_is_killed_at_the_deadline():
     spec, oracle = sample_split_episode("seen", 2, 1)
     with SimPool(1, job_deadline_s=2.0) as p:
-        [result] = p.map([("execute", (spec, oracle, ExecConfig(move_steps=10**8, max_steps=10**8,
-                                                                  timeout_s=600)), {})])
+        [result] = p.map(
+            [("execute", (spec, oracle, ExecConfig(move_steps=10**8, max_steps=10**8, timeout_s=600)), {})]
+        )
         assert isinstance(result, WorkerCrash) and result.reason == "timeout"
         assert p.execute([(spec, oracle)])[0].success
 
@@ -80,8 +84,12 @@ def test_fetch_mesa_without_apt_warns_and_exits_zero(tmp_path, monkeypatch):
     for tool in ("mkdir", "rm", "cat", "awk", "sed", "find", "head", "touch"):
         os.symlink(shutil.which(tool), tools / tool)
     dest = tmp_path / "mesa"
-    proc = subprocess.run(["/bin/bash", str(REPO / "scripts/fetch_mesa.sh"), str(dest)], capture_output=True,
-                          text=True, env={"PATH": str(tools)})
+    proc = subprocess.run(
+        ["/bin/bash", str(REPO / "scripts/fetch_mesa.sh"), str(dest)],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(tools)},
+    )
     assert proc.returncode == 0 and "WARNING" in proc.stderr
     assert "apt-get/dpkg not found" in (dest / "FAILED").read_text()
     # the reason reaches the rendering status that tests and `vlm-grpoma env` print
@@ -96,7 +104,9 @@ def test_fetch_mesa_is_idempotent(tmp_path):
     dest.mkdir()
     (dest / ".ok").touch()
     (dest / "lvp_icd.json").write_text("{}")
-    proc = subprocess.run(["bash", str(REPO / "scripts/fetch_mesa.sh"), str(dest)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts/fetch_mesa.sh"), str(dest)], capture_output=True, text=True
+    )
     assert proc.returncode == 0 and "already fetched" in proc.stdout
 
 

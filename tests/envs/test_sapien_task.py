@@ -24,7 +24,10 @@ from vlm_grpoma.eval.manipulation import random_action
 
 @pytest.fixture(scope="module")
 def episodes():
-    return {split: [sample_split_episode(split, i, 3) for i in range(n)] for split, n in (("seen", 36), ("unseen", 24))}
+    return {
+        split: [sample_split_episode(split, i, 3) for i in range(n)]
+        for split, n in (("seen", 36), ("unseen", 24))
+    }
 
 
 @pytest.mark.parametrize("split", ["seen", "unseen"])

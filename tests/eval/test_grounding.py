@@ -30,8 +30,15 @@ THOUGHT = "<think>looking</think>"
 
 
 def record(gt, task="detection", width=100, height=100, rid=None, image="unused.png") -> Record:
-    return Record(id=rid or f"r{random.random():.9f}", image=image, task=task, prompt="p", width=width,
-                  height=height, ground_truth=gt)
+    return Record(
+        id=rid or f"r{random.random():.9f}",
+        image=image,
+        task=task,
+        prompt="p",
+        width=width,
+        height=height,
+        ground_truth=gt,
+    )
 
 
 def predict(rec: Record, answer_or_text, sample: int = 0) -> Prediction:
@@ -113,8 +120,10 @@ def test_detection_precision_matches_independent_reference():
 
 
 def _ap_pairs(cases):
-    return [(record(boxes(*gt, label="cat"), rid=f"a{i}"), boxes(*pred, label="cat") if pred else None)
-            for i, (gt, pred) in enumerate(cases)]
+    return [
+        (record(boxes(*gt, label="cat"), rid=f"a{i}"), boxes(*pred, label="cat") if pred else None)
+        for i, (gt, pred) in enumerate(cases)
+    ]
 
 
 def test_coco_ap_against_hand_computed_values():
@@ -154,7 +163,7 @@ def test_affordance_metrics_hand_computed(tmp_path):
         predict(on_mask, Points(((7, 7), (15.5, 7.2)))),  # half inside; pixel (15, 7) is 6 px from column 9
         predict(on_box, Points(((25, 10),))),  # 5 px right of the box
         predict(on_point, Points(((51, 50), (50, 53)))),  # distances 1 (inside r_in) and 3 (outside)
-        predict(on_point, "<answer>[{\"point_2d\": [1]}]</answer>"),  # malformed
+        predict(on_point, '<answer>[{"point_2d": [1]}]</answer>'),  # malformed
     ]
     report = score_predictions(preds)
     aff = report.tasks["affordance"]
@@ -189,12 +198,39 @@ def test_trajectory_metrics_hand_computed():
 
 def test_malformed_answers_score_as_failures_never_raise():
     rng = random.Random(0)
-    pieces = ["<answer>", "</answer>", "<think>", "[", "]", "{", "}", '"bbox_2d"', '"point_2d"', ":", ",",
-              "1e999", "-5", "3", "NaN", "null", "[[1,2],[3,4]]", "[0,0,10,10]", "```json", "\n", "ü"]
-    gts = {"detection": boxes((0, 0, 10, 10)), "affordance": boxes((0, 0, 10, 10)),
-           "trajectory": Trajectory(((0.0, 0.0), (9.0, 9.0)))}
-    preds = [predict(record(gts[task], task, 20, 20), "".join(rng.choices(pieces, k=rng.randint(0, 12))))
-             for task in gts for _ in range(300)]
+    pieces = [
+        "<answer>",
+        "</answer>",
+        "<think>",
+        "[",
+        "]",
+        "{",
+        "}",
+        '"bbox_2d"',
+        '"point_2d"',
+        ":",
+        ",",
+        "1e999",
+        "-5",
+        "3",
+        "NaN",
+        "null",
+        "[[1,2],[3,4]]",
+        "[0,0,10,10]",
+        "```json",
+        "\n",
+        "ü",
+    ]
+    gts = {
+        "detection": boxes((0, 0, 10, 10)),
+        "affordance": boxes((0, 0, 10, 10)),
+        "trajectory": Trajectory(((0.0, 0.0), (9.0, 9.0))),
+    }
+    preds = [
+        predict(record(gts[task], task, 20, 20), "".join(rng.choices(pieces, k=rng.randint(0, 12))))
+        for task in gts
+        for _ in range(300)
+    ]
     payload = score_predictions(preds).to_json()
     text = json.dumps(payload, allow_nan=False)  # every number finite
     assert payload["predictions"] == 900 and "NaN" not in text
@@ -221,8 +257,11 @@ def shapes_records(tmp_path_factory):
     from vlm_grpoma.datasets.synthetic.shapes import generate_shapes
 
     out = tmp_path_factory.mktemp("shapes")
-    return [r for task in ("detection", "affordance", "trajectory")
-            for r in read_records(generate_shapes(task, 4, out / task, seed=3, split="val"))]
+    return [
+        r
+        for task in ("detection", "affordance", "trajectory")
+        for r in read_records(generate_shapes(task, 4, out / task, seed=3, split="val"))
+    ]
 
 
 def _assert_perfect(report, exact: bool):
@@ -241,8 +280,10 @@ def _assert_perfect(report, exact: bool):
 
 def test_perfect_answers_score_perfectly(shapes_records):
     answers = [_perfect_answer(r) for r in shapes_records]
-    preds = [Prediction(r, 0, THOUGHT, f"<answer>{format_answer(a)}</answer>", a)
-             for r, a in zip(shapes_records, answers)]
+    preds = [
+        Prediction(r, 0, THOUGHT, f"<answer>{format_answer(a)}</answer>", a)
+        for r, a in zip(shapes_records, answers)
+    ]
     _assert_perfect(score_predictions(preds), exact=True)
 
 
@@ -265,14 +306,40 @@ def test_perfect_model_through_adapter_round_trip(arch, shapes_records, tiny_mod
 def test_make_data_then_eval_on_tiny_model(tmp_path, tiny_model_dir, capsys):
     torch.set_num_threads(1)
     for task in ("detection", "affordance", "trajectory"):
-        assert cli_main(["make-data", "--task", task, "--source", "shapes", "--n", "2", "--out",
-                         str(tmp_path / task), "--split", "val", "--difficulty", "easy", "--seed", "1"]) == 0
-    records = [r for t in ("detection", "affordance", "trajectory")
-               for r in read_records(tmp_path / t / "records.jsonl")]
+        assert (
+            cli_main(
+                [
+                    "make-data",
+                    "--task",
+                    task,
+                    "--source",
+                    "shapes",
+                    "--n",
+                    "2",
+                    "--out",
+                    str(tmp_path / task),
+                    "--split",
+                    "val",
+                    "--difficulty",
+                    "easy",
+                    "--seed",
+                    "1",
+                ]
+            )
+            == 0
+        )
+    records = [
+        r
+        for t in ("detection", "affordance", "trajectory")
+        for r in read_records(tmp_path / t / "records.jsonl")
+    ]
     write_records(tmp_path / "eval.jsonl", records)
-    config = {"data": {"eval_path": str(tmp_path / "eval.jsonl")},
-              "logging": {"output_dir": str(tmp_path / "run")},
-              "rollout": {"max_thought_tokens": 6, "max_answer_tokens": 10}, "model": {"dtype": "float32"}}
+    config = {
+        "data": {"eval_path": str(tmp_path / "eval.jsonl")},
+        "logging": {"output_dir": str(tmp_path / "run")},
+        "rollout": {"max_thought_tokens": 6, "max_answer_tokens": 10},
+        "model": {"dtype": "float32"},
+    }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     checkpoint = str(tiny_model_dir("qwen2_5_vl"))
     eval_args = ["eval", "--config", str(tmp_path / "c.yaml"), "--checkpoint", checkpoint]
@@ -286,8 +353,11 @@ def test_make_data_then_eval_on_tiny_model(tmp_path, tiny_model_dir, capsys):
     assert metrics["split"] == "val" and metrics["greedy"]
     assert metrics["predictions"] == metrics["records"] == 6
     assert set(metrics["tasks"]) == {"detection", "affordance", "trajectory"}
-    expected = {"detection": {"precision@0.5", "precision@0.75", "success@0.5", "mean_iou", "ap", "ap50"},
-                "affordance": {"accuracy", "mean_distance_px"}, "trajectory": {"dfd", "hausdorff", "rmse"}}
+    expected = {
+        "detection": {"precision@0.5", "precision@0.75", "success@0.5", "mean_iou", "ap", "ap50"},
+        "affordance": {"accuracy", "mean_distance_px"},
+        "trajectory": {"dfd", "hausdorff", "rmse"},
+    }
     for name, task in metrics["tasks"].items():
         assert expected[name] <= set(task["metrics"])
         assert 0 <= task["format_rate"] <= task["parse_rate"] <= 1
@@ -303,8 +373,11 @@ def test_make_data_then_eval_on_tiny_model(tmp_path, tiny_model_dir, capsys):
         assert (p["parsed"] is None) == bool(p["failure"])
         assert isinstance(p["answer_text"], str) and isinstance(p["thought"], str)
     for p in failed:  # a failure scores like the worst answer
-        worst = {"detection": ("iou", 0.0), "affordance": ("accuracy", 0.0),
-                 "trajectory": ("dfd", math.sqrt(2))}
+        worst = {
+            "detection": ("iou", 0.0),
+            "affordance": ("accuracy", 0.0),
+            "trajectory": ("dfd", math.sqrt(2)),
+        }
         key, value = worst[p["task"]]
         assert p["scores"][key] == pytest.approx(value)
     report_md = (out / "report.md").read_text()
@@ -348,20 +421,40 @@ def test_evaluate_library_call_sampled(shapes_records, tiny_model_dir, tmp_path)
     loaded = load_model(ModelConfig(name_or_path=str(tiny_model_dir("qwen2_5_vl")), dtype="float32"))
     records = shapes_records[::2]
     rollout = RolloutConfig(max_thought_tokens=4, max_answer_tokens=6, temperature=1.0)
-    report = evaluate(loaded.model, loaded.adapter, records, greedy=False, samples=2, batch_size=4, seed=1,
-                      out_dir=tmp_path / "ev", overlays=2, rollout=rollout)
+    report = evaluate(
+        loaded.model,
+        loaded.adapter,
+        records,
+        greedy=False,
+        samples=2,
+        batch_size=4,
+        seed=1,
+        out_dir=tmp_path / "ev",
+        overlays=2,
+        rollout=rollout,
+    )
     assert [(p.prediction.record.id, p.prediction.sample) for p in report.predictions] == [
-        (r.id, k) for r in records for k in range(2)]
+        (r.id, k) for r in records for k in range(2)
+    ]
     payload = json.loads((tmp_path / "ev" / "metrics.json").read_text())
     assert payload["samples"] == 2 and not payload["greedy"] and payload["predictions"] == 2 * len(records)
     assert len(report.files["overlays"]) == 2 and all(p.is_file() for p in report.files["overlays"])
-    again = evaluate(loaded.model, loaded.adapter, records, greedy=False, samples=2, batch_size=4, seed=1,
-                     rollout=rollout)
-    assert [p.prediction.answer_text for p in again.predictions] == [p.prediction.answer_text
-                                                                    for p in report.predictions]  # seeded
+    again = evaluate(
+        loaded.model, loaded.adapter, records, greedy=False, samples=2, batch_size=4, seed=1, rollout=rollout
+    )
+    assert [p.prediction.answer_text for p in again.predictions] == [
+        p.prediction.answer_text for p in report.predictions
+    ]  # seeded
     with pytest.raises(ValueError, match="greedy"):
         evaluate(loaded.model, loaded.adapter, records, greedy=True, samples=2)
-    manip = Record(id="m0", image="x.png", task="manipulation", prompt="p", width=10, height=10,
-                   ground_truth=Points(((1.0, 1.0),)))
+    manip = Record(
+        id="m0",
+        image="x.png",
+        task="manipulation",
+        prompt="p",
+        width=10,
+        height=10,
+        ground_truth=Points(((1.0, 1.0),)),
+    )
     with pytest.raises(ValueError, match="m0.*manip-eval"):
         evaluate(loaded.model, loaded.adapter, [manip])

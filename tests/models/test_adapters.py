@@ -36,14 +36,22 @@ def make_record(tmp_path, width=100, height=80, task="detection", rid="r0", colo
     path = tmp_path / f"{rid}.png"
     Image.new("RGB", (width, height), colour).save(path)
     gt = Boxes((Box(10, 12, 40, 50, "red square"),))
-    return Record(id=rid, image=str(path), task=task, prompt="the red square", width=width, height=height,
-                  ground_truth=gt)
+    return Record(
+        id=rid,
+        image=str(path),
+        task=task,
+        prompt="the red square",
+        width=width,
+        height=height,
+        ground_truth=gt,
+    )
 
 
 @pytest.fixture
 def adapter(arch, tiny_model_dir):
-    return load_adapter(ModelConfig(name_or_path=str(tiny_model_dir(arch)), min_pixels=MIN_PIXELS,
-                                    max_pixels=MAX_PIXELS))
+    return load_adapter(
+        ModelConfig(name_or_path=str(tiny_model_dir(arch)), min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    )
 
 
 def test_unsupported_model_type_is_named(tmp_path):
@@ -77,7 +85,9 @@ def test_messages_state_the_format_and_the_frame(adapter, tmp_path):
     system, user = adapter.messages(record)
     assert "<think>" in system["content"][0]["text"] and "<answer>" in system["content"][0]["text"]
     image, text = user["content"]
-    assert image["type"] == "image" and image["min_pixels"] == MIN_PIXELS and image["max_pixels"] == MAX_PIXELS
+    assert (
+        image["type"] == "image" and image["min_pixels"] == MIN_PIXELS and image["max_pixels"] == MAX_PIXELS
+    )
     assert "the red square" in text["text"] and "bbox_2d" in text["text"]
     if adapter.model_type == "qwen2_5_vl":
         assert "(112x84)" in text["text"]  # the resized image's pixels
@@ -85,8 +95,9 @@ def test_messages_state_the_format_and_the_frame(adapter, tmp_path):
         assert "0 to 1000" in text["text"]
 
 
-@pytest.mark.parametrize("task,key", [("affordance", "point_2d"), ("trajectory", "[[x, y]"),
-                                      ("manipulation", '"forward"')])
+@pytest.mark.parametrize(
+    "task,key", [("affordance", "point_2d"), ("trajectory", "[[x, y]"), ("manipulation", '"forward"')]
+)
 def test_task_instructions(tiny_model_dir, tmp_path, task, key):
     adapter = load_adapter(ModelConfig(name_or_path=str(tiny_model_dir("qwen2_vl"))))
     record = make_record(tmp_path, task=task)
@@ -106,7 +117,8 @@ def test_inputs_match_the_reference_resize(adapter, tmp_path, size):
     assert n_tokens == (h // factor) * (w // factor)
     assert prompt.pixel_values.shape[0] == (h // patch) * (w // patch)
     assert prompt.text == adapter.processor.tokenizer.decode(prompt.input_ids).replace(
-        "<|image_pad|>" * n_tokens, "<|image_pad|>")
+        "<|image_pad|>" * n_tokens, "<|image_pad|>"
+    )
     expected_model = (w, h) if adapter.model_type == "qwen2_5_vl" else (1000, 1000)
     assert (prompt.frame.model_width, prompt.frame.model_height) == expected_model
 
@@ -121,7 +133,9 @@ def test_coordinate_round_trip_within_half_a_model_pixel(adapter, tmp_path, size
     for _ in range(20):
         x1, y1, dx, dy = torch.rand(4, generator=g).tolist()
         x1, y1 = x1 * 0.7 * width, y1 * 0.7 * height
-        answer = Boxes((Box(x1, y1, x1 + (0.1 + 0.2 * dx) * width, y1 + (0.1 + 0.2 * dy) * height, "red square"),))
+        answer = Boxes(
+            (Box(x1, y1, x1 + (0.1 + 0.2 * dx) * width, y1 + (0.1 + 0.2 * dy) * height, "red square"),)
+        )
         text = f"<think>ok</think><answer>{adapter.format_answer(answer, record)}</answer>"
         parsed = adapter.parse_answer(text, record)
         assert isinstance(parsed, Boxes), parsed
@@ -134,8 +148,11 @@ def test_coordinate_round_trip_within_half_a_model_pixel(adapter, tmp_path, size
 
 
 def test_qwen25_answers_are_resized_pixels(tiny_model_dir, tmp_path):
-    adapter = load_adapter(ModelConfig(name_or_path=str(tiny_model_dir("qwen2_5_vl")), min_pixels=MIN_PIXELS,
-                                       max_pixels=280 * 140))
+    adapter = load_adapter(
+        ModelConfig(
+            name_or_path=str(tiny_model_dir("qwen2_5_vl")), min_pixels=MIN_PIXELS, max_pixels=280 * 140
+        )
+    )
     record = make_record(tmp_path, 560, 280)  # shrinks to 280x140 (0.5x)
     assert adapter.resized_size(560, 280) == (280, 140)
     text = adapter.format_answer(Boxes((Box(100, 50, 200, 100),)), record)
@@ -149,8 +166,9 @@ def test_normalised_frame_for_qwen2_and_qwen3(tiny_model_dir, tmp_path):
         adapter = load_adapter(ModelConfig(name_or_path=str(tiny_model_dir(arch))))
         record = make_record(tmp_path, 200, 100)
         assert adapter.format_answer(Points(((50, 25),)), record) == '[{"point_2d": [250, 250]}]'
-        assert adapter.parse_answer('<answer>[{"point_2d": [500, 1000]}]</answer>',
-                                    make_record(tmp_path, 200, 100, task="affordance")) == Points(((100, 100),))
+        assert adapter.parse_answer(
+            '<answer>[{"point_2d": [500, 1000]}]</answer>', make_record(tmp_path, 200, 100, task="affordance")
+        ) == Points(((100, 100),))
 
 
 def test_other_kinds_round_trip(adapter, tmp_path):
@@ -168,8 +186,11 @@ def test_other_kinds_round_trip(adapter, tmp_path):
     assert abs(back.point[0] - 30) <= tol and abs(back.point[1] - 20) <= tol
     # directions are not image coordinates: not scaled, only written to 3 decimals (re-normalised on parsing)
     assert back.up == pytest.approx(action.up) and back.forward == pytest.approx(action.forward)
-    odd = ContactAction((30.0, 20.0), (0.6182093644147664, 0.2691579050014417, 0.738492521238452),
-                        (-0.7667900963960164, 0.0, 0.6418979265186856))
+    odd = ContactAction(
+        (30.0, 20.0),
+        (0.6182093644147664, 0.2691579050014417, 0.738492521238452),
+        (-0.7667900963960164, 0.0, 0.6418979265186856),
+    )
     text = adapter.format_answer(odd, manip)
     assert '"up": [0.618, 0.269, 0.738]' in text and '"forward": [-0.767, 0.0, 0.642]' in text
     back = adapter.parse_answer(text, manip)
@@ -179,8 +200,14 @@ def test_other_kinds_round_trip(adapter, tmp_path):
 def test_malformed_answers_are_parse_errors(adapter, tmp_path):
     record = make_record(tmp_path)
     frame = adapter.frame(record)
-    for text in ["", "no tags", "<answer>[{</answer>", "<answer>{\"bbox\": 1}</answer>", "<answer>NaN</answer>",
-                 f'<answer>[{{"bbox_2d": [0, 0, {frame.model_width * 3:.0f}, 5]}}]</answer>']:
+    for text in [
+        "",
+        "no tags",
+        "<answer>[{</answer>",
+        '<answer>{"bbox": 1}</answer>',
+        "<answer>NaN</answer>",
+        f'<answer>[{{"bbox_2d": [0, 0, {frame.model_width * 3:.0f}, 5]}}]</answer>',
+    ]:
         assert isinstance(adapter.parse_answer(text, record), ParseError), text
 
 
@@ -194,16 +221,24 @@ def test_special_tokens(adapter):
 
 
 def test_load_model_uses_dtype_and_attention_from_config(tiny_model_dir):
-    loaded = load_model(ModelConfig(name_or_path=str(tiny_model_dir("qwen2_5_vl")), dtype="bfloat16",
-                                    attn_implementation="eager"))
+    loaded = load_model(
+        ModelConfig(
+            name_or_path=str(tiny_model_dir("qwen2_5_vl")), dtype="bfloat16", attn_implementation="eager"
+        )
+    )
     assert loaded.model.dtype == torch.bfloat16
     assert loaded.model.config._attn_implementation == "eager"
     assert loaded.adapter.model_type == "qwen2_5_vl"
 
 
-@pytest.mark.parametrize("prompt,lead", [("the red square", "Find the red square. Answer"),
-                                         ("Find the red square.", "Find the red square. Answer"),
-                                         ("Which shape is red?", "Which shape is red? Answer")])
+@pytest.mark.parametrize(
+    "prompt,lead",
+    [
+        ("the red square", "Find the red square. Answer"),
+        ("Find the red square.", "Find the red square. Answer"),
+        ("Which shape is red?", "Which shape is red? Answer"),
+    ],
+)
 def test_sentences_are_kept_and_expressions_get_the_task_lead(tiny_model_dir, tmp_path, prompt, lead):
     adapter = load_adapter(ModelConfig(name_or_path=str(tiny_model_dir("qwen2_vl"))))
     record = replace(make_record(tmp_path), prompt=prompt)
@@ -217,6 +252,9 @@ def test_compact_prompt_style_is_short_and_keeps_the_frame(tiny_model_dir, tmp_p
     record = make_record(tmp_path)
     messages = compact.messages(record)
     assert [m["role"] for m in messages] == ["user"]
-    assert messages[0]["content"][1]["text"] == "Find the red square. Think, then answer JSON boxes (112x84 pixels)."
+    assert (
+        messages[0]["content"][1]["text"]
+        == "Find the red square. Think, then answer JSON boxes (112x84 pixels)."
+    )
     (short,), (long,) = compact.build_inputs([record]), full.build_inputs([record])
     assert len(short.input_ids) * 2 < len(long.input_ids)

@@ -17,7 +17,9 @@ from vlm_grpoma.models.tiny import PRESETS, SPECIAL_TOKENS, build_config, build_
 @pytest.fixture(scope="module")
 def tokenizer():
     if not wheel_path().is_file():
-        pytest.skip(f"{wheel_path()} is absent: `make setup` downloads the dashscope wheel that holds qwen.tiktoken")
+        pytest.skip(
+            f"{wheel_path()} is absent: `make setup` downloads the dashscope wheel that holds qwen.tiktoken"
+        )
     return load_qwen2_tokenizer()
 
 
@@ -30,8 +32,15 @@ def adapter(tokenizer):
 def record(tmp_path) -> Record:
     path = tmp_path / "img.png"
     Image.new("RGB", (200, 150), "blue").save(path)
-    return Record(id="real-0", image=str(path), task="detection", prompt="the blue square", width=200, height=150,
-                  ground_truth=Boxes((Box(20, 30, 120, 110, "blue square"),)))
+    return Record(
+        id="real-0",
+        image=str(path),
+        task="detection",
+        prompt="the blue square",
+        width=200,
+        height=150,
+        ground_truth=Boxes((Box(20, 30, 120, 110, "blue square"),)),
+    )
 
 
 def test_known_ids(tokenizer):
@@ -54,7 +63,9 @@ def test_prompt_renders_with_qwen_chat_template(adapter, tokenizer, record):
 
 def test_coordinate_answers_tokenize_decode_and_parse(adapter, tokenizer, record):
     answer = Boxes((Box(20, 30, 120, 110, "blue square"),))
-    completion = f"<think>the blue square is left</think><answer>{adapter.format_answer(answer, record)}</answer>"
+    completion = (
+        f"<think>the blue square is left</think><answer>{adapter.format_answer(answer, record)}</answer>"
+    )
     ids = tokenizer.encode(completion)
     assert tokenizer.decode(ids) == completion
     digits = [t for t in tokenizer.convert_ids_to_tokens(ids) if t.strip("Ġ").isdigit()]
@@ -64,7 +75,9 @@ def test_coordinate_answers_tokenize_decode_and_parse(adapter, tokenizer, record
     tol = 0.5 * max(200 / frame.model_width, 150 / frame.model_height)
     assert isinstance(parsed, Boxes) and parsed.boxes[0].label == "blue square"
     got, want = parsed.boxes[0], answer.boxes[0]
-    assert max(abs(got.x1 - want.x1), abs(got.y1 - want.y1), abs(got.x2 - want.x2), abs(got.y2 - want.y2)) <= tol
+    assert (
+        max(abs(got.x1 - want.x1), abs(got.y1 - want.y1), abs(got.x2 - want.x2), abs(got.y2 - want.y2)) <= tol
+    )
 
 
 def test_rollout_stops_on_merged_tag_tokens(adapter, tokenizer, record):
@@ -76,7 +89,9 @@ def test_rollout_stops_on_merged_tag_tokens(adapter, tokenizer, record):
     from vlm_grpoma.rollout.hf import HFRolloutEngine
 
     torch.manual_seed(0)
-    model = AutoModelForImageTextToText.from_config(build_config("qwen2_5_vl", PRESETS["tiny"], tokenizer)).eval()
+    model = AutoModelForImageTextToText.from_config(
+        build_config("qwen2_5_vl", PRESETS["tiny"], tokenizer)
+    ).eval()
     script_text = 'near (12,30)</think><answer>[{"bbox_2d": [12, 30, 80, 70]}]</answer>'
     script = tokenizer.encode(script_text)
     assert tokenizer.convert_ids_to_tokens(script).count("><") == 1
@@ -92,15 +107,25 @@ def test_rollout_stops_on_merged_tag_tokens(adapter, tokenizer, record):
     handle = model.lm_head.register_forward_hook(force_script)
     try:
         engine = HFRolloutEngine.for_adapter(model, adapter)
-        tree = engine.sample(adapter.build_inputs([record]), SamplingParams(
-            num_thoughts=1, answers_per_thought=1, temperature=0.0, max_thought_tokens=30, max_answer_tokens=40))
+        tree = engine.sample(
+            adapter.build_inputs([record]),
+            SamplingParams(
+                num_thoughts=1,
+                answers_per_thought=1,
+                temperature=0.0,
+                max_thought_tokens=30,
+                max_answer_tokens=40,
+            ),
+        )
     finally:
         handle.remove()
     assert tree.thought_finish == [["stop"]] and tree.answer_finish == [[["stop"]]]
     thought, answer = tree.thought_texts[0][0], tree.answer_texts[0][0][0]
     assert thought == "near (12,30)</think><"  # stops on the token completing the tag
     assert thought + answer == script_text
-    assert torch.equal(torch.cat([tree.thought_tokens(0, 0), tree.answer_tokens(0, 0, 0)]), torch.tensor(script))
+    assert torch.equal(
+        torch.cat([tree.thought_tokens(0, 0), tree.answer_tokens(0, 0, 0)]), torch.tensor(script)
+    )
     assert isinstance(adapter.parse_answer(tree.completions()[0][0][0], record), Boxes)
     # Evaluation and the trainer's reward parsing read the same split tag correctly (they parse thought + answer).
     from vlm_grpoma.eval.grounding import generate_predictions
@@ -110,8 +135,18 @@ def test_rollout_stops_on_merged_tag_tokens(adapter, tokenizer, record):
     calls["n"] = 0
     handle = model.lm_head.register_forward_hook(force_script)
     try:
-        (prediction,) = generate_predictions(model, adapter, [record], SamplingParams(
-            num_thoughts=1, answers_per_thought=1, temperature=0.0, max_thought_tokens=30, max_answer_tokens=40))
+        (prediction,) = generate_predictions(
+            model,
+            adapter,
+            [record],
+            SamplingParams(
+                num_thoughts=1,
+                answers_per_thought=1,
+                temperature=0.0,
+                max_thought_tokens=30,
+                max_answer_tokens=40,
+            ),
+        )
     finally:
         handle.remove()
     assert prediction.answer_text.startswith("answer>") and isinstance(prediction.answer, Boxes)

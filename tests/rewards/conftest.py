@@ -11,8 +11,15 @@ from vlm_grpoma.rewards.base import Completion
 @pytest.fixture
 def make_record():
     def make(ground_truth, task="detection", width=640, height=480, rid="r0"):
-        return Record(id=rid, image="img.png", task=task, prompt="p", width=width, height=height,
-                      ground_truth=ground_truth)
+        return Record(
+            id=rid,
+            image="img.png",
+            task=task,
+            prompt="p",
+            width=width,
+            height=height,
+            ground_truth=ground_truth,
+        )
 
     return make
 

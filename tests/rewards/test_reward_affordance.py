@@ -65,8 +65,12 @@ def test_masks_are_cached_per_path(square_mask, make_record, completions, tmp_pa
 
 def test_mask_cache_evicts_least_recently_used(tmp_path, make_record, completions):
     inside = np.ones((48, 64), dtype=bool)
-    recs = [make_record(MaskRef(write_mask(tmp_path / f"{i}.png", inside)), task="affordance", width=64,
-                        height=48) for i in range(5)]
+    recs = [
+        make_record(
+            MaskRef(write_mask(tmp_path / f"{i}.png", inside)), task="affordance", width=64, height=48
+        )
+        for i in range(5)
+    ]
     one_mask = 48 * 64 * 5  # bool + float32 distances
     reward = AffordanceReward(mask_cache_mb=2.5 * one_mask / 2**20)
     reward.score(completions([Points(((1, 1),))] * 5), recs)

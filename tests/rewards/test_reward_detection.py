@@ -78,7 +78,9 @@ def test_matched_score_equals_brute_force(threshold):
         # clustered boxes so that many pairs overlap and the matching matters
         pred, gt = random_boxes(rng, n, extent=30), random_boxes(rng, m, extent=30)
         scores = box_iou(pred, gt).reshape(n, m)
-        assert matched_score(scores, threshold).score == pytest.approx(brute_force(scores, threshold), abs=1e-12)
+        assert matched_score(scores, threshold).score == pytest.approx(
+            brute_force(scores, threshold), abs=1e-12
+        )
 
 
 def test_matching_is_optimal_not_greedy():
@@ -140,7 +142,12 @@ def test_reward_threshold_and_giou(make_record, completions):
 
 def test_reward_zero_for_parse_errors_and_wrong_kind(make_record, completions):
     rec = make_record(Boxes((Box(0, 0, 10, 10),)))
-    answers = [ParseError("invalid_json"), Points(((1, 1),)), ParseError("invalid_json"), Boxes((Box(0, 0, 10, 10),))]
+    answers = [
+        ParseError("invalid_json"),
+        Points(((1, 1),)),
+        ParseError("invalid_json"),
+        Boxes((Box(0, 0, 10, 10),)),
+    ]
     result = build_reward("iou").score(completions(answers), [rec] * 4)
     assert result.total == [0.0, 0.0, 0.0, 1.0]
     assert result.failures == {"invalid_json": 2, "wrong_kind": 1}

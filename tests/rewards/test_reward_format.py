@@ -13,22 +13,25 @@ from vlm_grpoma.rewards.base import Completion
 from vlm_grpoma.rewards.format import FormatReward, has_structure
 
 
-@pytest.mark.parametrize("text, ok", [
-    ("<think>a</think><answer>b</answer>", True),
-    ("  \n<think>\na\n</think>\n\n<answer> b </answer>\n", True),
-    ("<think></think><answer></answer>", True),
-    ("<think>a</think>x<answer>b</answer>", False),  # text between the blocks
-    ("x<think>a</think><answer>b</answer>", False),
-    ("<think>a</think><answer>b</answer>x", False),
-    ("<answer>b</answer><think>a</think>", False),
-    ("<think>a</think>", False),
-    ("<answer>b</answer>", False),
-    ("<think>a<think>b</think><answer>c</answer>", False),
-    ("<think>a</think><answer>b</answer><answer>c</answer>", False),
-    ("<think>a</think><answer>b", False),
-    ("<think>a <answer>b</answer></think>", False),
-    ("", False),
-])
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        ("<think>a</think><answer>b</answer>", True),
+        ("  \n<think>\na\n</think>\n\n<answer> b </answer>\n", True),
+        ("<think></think><answer></answer>", True),
+        ("<think>a</think>x<answer>b</answer>", False),  # text between the blocks
+        ("x<think>a</think><answer>b</answer>", False),
+        ("<think>a</think><answer>b</answer>x", False),
+        ("<answer>b</answer><think>a</think>", False),
+        ("<think>a</think>", False),
+        ("<answer>b</answer>", False),
+        ("<think>a<think>b</think><answer>c</answer>", False),
+        ("<think>a</think><answer>b</answer><answer>c</answer>", False),
+        ("<think>a</think><answer>b", False),
+        ("<think>a <answer>b</answer></think>", False),
+        ("", False),
+    ],
+)
 def test_structure(text, ok):
     assert has_structure(text) is ok
 
@@ -62,8 +65,9 @@ def test_reward_is_binary_and_consistent_with_the_parser(thought, answer):
     rec = Record("r", "i.png", "trajectory", "p", 100, 100, Trajectory(((0, 0), (1, 1))))
     text = f"<think>{thought}</think><answer>{answer}</answer>"
     parsed = parse_answer(text, "trajectory")
-    result = FormatReward().score([Completion(parsed, f"<think>{thought}</think>", f"<answer>{answer}</answer>")],
-                                  [rec])
+    result = FormatReward().score(
+        [Completion(parsed, f"<think>{thought}</think>", f"<answer>{answer}</answer>")], [rec]
+    )
     assert result.total[0] in (0.0, 1.0)
     if result.total[0] == 1.0:
         assert isinstance(parsed, Trajectory) and has_structure(text)

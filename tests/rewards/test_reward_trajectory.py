@@ -106,7 +106,9 @@ def test_reward_identical_and_shifted(make_record, completions):
     gt = np.array([[10.0, 10.0], [100.0, 50.0], [150.0, 150.0]])
     rec = make_record(make_traj(gt), task="trajectory", width=200, height=200)
     shifted = gt + [20.0, 0.0]  # 0.1 in normalised x: every metric is 0.1
-    result = TrajectoryReward(max_distance=0.5).score(completions([make_traj(gt), make_traj(shifted)]), [rec] * 2)
+    result = TrajectoryReward(max_distance=0.5).score(
+        completions([make_traj(gt), make_traj(shifted)]), [rec] * 2
+    )
     assert result.total == pytest.approx([1.0, 0.8])
     for metric in ("frechet", "hausdorff", "rmse"):
         assert result.components[metric] == pytest.approx([1.0, 0.8])

@@ -7,12 +7,21 @@ from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.rewards import Completion, build_reward
 from vlm_grpoma.rewards.base import build_rewards
 
-RECORD = Record(id="r0", image="x.png", task="detection", prompt="the red square", width=100, height=100,
-                ground_truth=Boxes((Box(10, 10, 50, 50),)))
+RECORD = Record(
+    id="r0",
+    image="x.png",
+    task="detection",
+    prompt="the red square",
+    width=100,
+    height=100,
+    ground_truth=Boxes((Box(10, 10, 50, 50),)),
+)
 
 
 def test_weighted_total_and_prefixed_components():
-    good = Completion(Boxes((Box(10, 10, 50, 30),)), "<think>it is there</think>", "<answer>[10,10,50,30]</answer>")
+    good = Completion(
+        Boxes((Box(10, 10, 50, 30),)), "<think>it is there</think>", "<answer>[10,10,50,30]</answer>"
+    )
     bad = Completion(ParseError("no_answer_tag"), "<think>hmm</think>", "nothing")
     combined = build_rewards({"iou": 2.0, "format": 0.5})
     result = combined.score([good, bad], [RECORD, RECORD])
@@ -26,5 +35,7 @@ def test_weighted_total_and_prefixed_components():
 
 
 def test_unknown_reward_name_lists_the_registered_ones():
-    with pytest.raises(ValueError, match=r"^rewards\.weights\.bleu: unknown reward 'bleu'; registered: .*iou"):
+    with pytest.raises(
+        ValueError, match=r"^rewards\.weights\.bleu: unknown reward 'bleu'; registered: .*iou"
+    ):
         build_rewards({"bleu": 1.0})

@@ -72,12 +72,23 @@ def records(tmp_path_factory) -> list[Record]:
     for i, (w, h) in enumerate([(100, 80), (40, 150)]):
         path = folder / f"{i}.png"
         Image.new("RGB", (w, h), (60 * i, 200, 90)).save(path)
-        out.append(Record(id=f"r{i}", image=str(path), task="detection", prompt="the green square", width=w,
-                          height=h, ground_truth=Boxes((Box(1, 1, 9, 9),))))
+        out.append(
+            Record(
+                id=f"r{i}",
+                image=str(path),
+                task="detection",
+                prompt="the green square",
+                width=w,
+                height=h,
+                ground_truth=Boxes((Box(1, 1, 9, 9),)),
+            )
+        )
     return out
 
 
-@pytest.fixture(scope="module", params=[(b, a) for b in BACKENDS for a in ARCHS], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(
+    scope="module", params=[(b, a) for b in BACKENDS for a in ARCHS], ids=lambda p: f"{p[0]}-{p[1]}"
+)
 def setup(request, tiny_model_dir, tmp_path_factory, records):
     """(engine factory, loaded model, prompts) for one backend and family; ``make(kind)``: plain or tagged."""
     backend, arch = request.param
@@ -91,10 +102,15 @@ def setup(request, tiny_model_dir, tmp_path_factory, records):
         if kind not in built:
             folder = plain
             if kind == "tagged":
-                probe = load_model(ModelConfig(name_or_path=str(plain), dtype="float32", max_pixels=112 * 112))
+                probe = load_model(
+                    ModelConfig(name_or_path=str(plain), dtype="float32", max_pixels=112 * 112)
+                )
                 tokens = probe.adapter.tokens
-                boosts = {tokens.think_close[-1]: TAG_BOOST, tokens.answer_close[-1]: TAG_BOOST,
-                          **dict.fromkeys(tokens.suppress_ids, VISION_BOOST)}
+                boosts = {
+                    tokens.think_close[-1]: TAG_BOOST,
+                    tokens.answer_close[-1]: TAG_BOOST,
+                    **dict.fromkeys(tokens.suppress_ids, VISION_BOOST),
+                }
                 folder = tagged_checkpoint(plain, tmp_path_factory.mktemp(f"tagged-{arch}") / "ckpt", boosts)
             model_cfg = ModelConfig(name_or_path=str(folder), dtype="float32", max_pixels=112 * 112)
             loaded = load_model(model_cfg)
@@ -115,25 +131,35 @@ def setup(request, tiny_model_dir, tmp_path_factory, records):
 def test_tree_shapes_stop_handling_and_finish_reasons(setup):
     _, make = setup
     engine, _, adapter, prompts = make("tagged")
-    params = SamplingParams(num_thoughts=6, answers_per_thought=3, max_thought_tokens=6, max_answer_tokens=5, seed=1)
+    params = SamplingParams(
+        num_thoughts=6, answers_per_thought=3, max_thought_tokens=6, max_answer_tokens=5, seed=1
+    )
     tree = engine.sample(prompts, params)
     close = torch.tensor(adapter.tokens.think_close)
     lt = params.max_thought_tokens + len(close)
     assert tree.shape == (2, 6, 3)
     assert tree.thought_ids.shape == tree.thought_mask.shape == tree.thought_logprobs.shape == (2, 6, lt)
     assert tree.answer_ids.shape == tree.answer_mask.shape == tree.answer_logprobs.shape == (2, 6, 3, 5)
-    assert [len(r) for r in tree.thought_texts] == [6, 6] and all(len(a) == 3 for r in tree.answer_texts for a in r)
+    assert [len(r) for r in tree.thought_texts] == [6, 6] and all(
+        len(a) == 3 for r in tree.answer_texts for a in r
+    )
     for b in range(2):
         for k in range(6):
             ids = tree.thought_tokens(b, k)
-            assert torch.equal(ids[-len(close):], close)
-            assert tree.thought_texts[b][k].endswith("</think>") and tree.thought_texts[b][k].count("</think>") == 1
+            assert torch.equal(ids[-len(close) :], close)
+            assert (
+                tree.thought_texts[b][k].endswith("</think>")
+                and tree.thought_texts[b][k].count("</think>") == 1
+            )
             if tree.thought_finish[b][k] == "length":
                 assert len(ids) == lt  # the budget, then the forced </think>
             for m in range(3):
                 n, text = int(tree.answer_lengths[b, k, m]), tree.answer_texts[b][k][m]
                 if tree.answer_finish[b][k][m] == "stop":
-                    assert text.endswith("</answer>") or int(tree.answer_ids[b, k, m, n - 1]) in adapter.tokens.eos_ids
+                    assert (
+                        text.endswith("</answer>")
+                        or int(tree.answer_ids[b, k, m, n - 1]) in adapter.tokens.eos_ids
+                    )
                     assert text.count("</answer>") <= 1
                 else:
                     assert n == params.max_answer_tokens and "</answer>" not in text
@@ -149,12 +175,18 @@ def test_truncated_thoughts_are_closed_and_flagged(setup):
     _, make = setup
     engine, _, adapter, prompts = make("tagged")
     close = torch.tensor(adapter.tokens.think_close)
-    params = SamplingParams(num_thoughts=2, answers_per_thought=2, max_thought_tokens=4, max_answer_tokens=3,
-                            seed=3, ignore_stop=True)
+    params = SamplingParams(
+        num_thoughts=2,
+        answers_per_thought=2,
+        max_thought_tokens=4,
+        max_answer_tokens=3,
+        seed=3,
+        ignore_stop=True,
+    )
     tree = engine.sample(prompts, params)
     assert tree.thought_truncated.all() and tree.answer_truncated.all()
     assert (tree.thought_lengths == 4 + len(close)).all() and (tree.answer_lengths == 3).all()
-    assert (tree.thought_ids[..., -len(close):] == close).all()
+    assert (tree.thought_ids[..., -len(close) :] == close).all()
     # the forced </think> is scored by the model, not left at 0: its boosted logit makes it likelier than
     # an ordinary token, less likely than the (unsampled) vision tokens
     forced = tree.thought_logprobs[..., -1]
@@ -164,7 +196,9 @@ def test_truncated_thoughts_are_closed_and_flagged(setup):
 def test_vision_tokens_are_never_sampled(setup):
     _, make = setup
     engine, _, adapter, prompts = make("tagged")  # vision tokens hold ~98% of the raw probability mass
-    params = SamplingParams(num_thoughts=3, answers_per_thought=2, max_thought_tokens=8, max_answer_tokens=6, seed=4)
+    params = SamplingParams(
+        num_thoughts=3, answers_per_thought=2, max_thought_tokens=8, max_answer_tokens=6, seed=4
+    )
     tree = engine.sample(prompts, params)
     sampled = torch.cat([tree.thought_ids[tree.thought_mask], tree.answer_ids[tree.answer_mask]])
     assert not torch.isin(sampled, torch.tensor(adapter.tokens.suppress_ids)).any()
@@ -177,7 +211,9 @@ def test_vision_tokens_are_never_sampled(setup):
 def test_same_seed_same_tree_other_seed_differs(setup):
     _, make = setup
     engine, _, _, prompts = make("plain")
-    params = SamplingParams(num_thoughts=2, answers_per_thought=2, max_thought_tokens=6, max_answer_tokens=4, seed=7)
+    params = SamplingParams(
+        num_thoughts=2, answers_per_thought=2, max_thought_tokens=6, max_answer_tokens=4, seed=7
+    )
     a, b = engine.sample(prompts, params), engine.sample(prompts, params)
     c = engine.sample(prompts, SamplingParams(**{**params.__dict__, "seed": 8}))
     assert torch.equal(a.thought_ids, b.thought_ids) and torch.equal(a.answer_ids, b.answer_ids)
@@ -188,12 +224,22 @@ def test_same_seed_same_tree_other_seed_differs(setup):
 def test_logprobs_equal_teacher_forced_forward(setup):
     backend, make = setup
     engine, model, adapter, prompts = make("plain")
-    params = SamplingParams(num_thoughts=2, answers_per_thought=2, max_thought_tokens=7, max_answer_tokens=5,
-                            seed=2, ignore_stop=True)  # every thought truncated: the forced </think> is scored too
+    params = SamplingParams(
+        num_thoughts=2,
+        answers_per_thought=2,
+        max_thought_tokens=7,
+        max_answer_tokens=5,
+        seed=2,
+        ignore_stop=True,
+    )  # every thought truncated: the forced </think> is scored too
     tree = engine.sample(prompts, params)
     with torch.no_grad():
         forced = path_log_probs(model, tree, [0, 1], adapter.tokens)
-    mismatch = logprob_mismatch([(forced.thought, tree.thought_logprobs, tree.thought_mask),
-                                 (forced.answer, tree.answer_logprobs, tree.answer_mask)])
+    mismatch = logprob_mismatch(
+        [
+            (forced.thought, tree.thought_logprobs, tree.thought_mask),
+            (forced.answer, tree.answer_logprobs, tree.answer_mask),
+        ]
+    )
     assert mismatch.tokens == int(tree.thought_mask.sum() + tree.answer_mask.sum())
     assert mismatch.max_abs < TOLERANCE[backend], mismatch

@@ -24,16 +24,26 @@ ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 @pytest.fixture(scope="module", params=ARCHS)
 def setup(request, tiny_model_dir, tmp_path_factory):
     torch.set_num_threads(1)
-    loaded = load_model(ModelConfig(name_or_path=str(tiny_model_dir(request.param)), dtype="float32",
-                                    max_pixels=112 * 112))
+    loaded = load_model(
+        ModelConfig(name_or_path=str(tiny_model_dir(request.param)), dtype="float32", max_pixels=112 * 112)
+    )
     loaded.model.eval()
     folder = tmp_path_factory.mktemp(f"images-{request.param}")
     records = []
     for i, (w, h) in enumerate([(100, 80), (40, 150)]):  # different prompt lengths: exercises left padding
         path = folder / f"{i}.png"
         Image.new("RGB", (w, h), (60 * i, 200, 90)).save(path)
-        records.append(Record(id=f"r{i}", image=str(path), task="detection", prompt="the green square", width=w,
-                              height=h, ground_truth=Boxes((Box(1, 1, 9, 9),))))
+        records.append(
+            Record(
+                id=f"r{i}",
+                image=str(path),
+                task="detection",
+                prompt="the green square",
+                width=w,
+                height=h,
+                ground_truth=Boxes((Box(1, 1, 9, 9),)),
+            )
+        )
     prompts = loaded.adapter.build_inputs(records)
     assert prompts[0].input_ids.shape != prompts[1].input_ids.shape
     return loaded.model, loaded.adapter, prompts
@@ -58,7 +68,9 @@ def tag_bias(adapter, value: float) -> dict[int, float]:
 
 def test_tree_shapes_and_structure(setup):
     model, adapter, prompts = setup
-    params = SamplingParams(num_thoughts=3, answers_per_thought=2, max_thought_tokens=10, max_answer_tokens=5, seed=1)
+    params = SamplingParams(
+        num_thoughts=3, answers_per_thought=2, max_thought_tokens=10, max_answer_tokens=5, seed=1
+    )
     with logit_bias(model, tag_bias(adapter, 5.0)):
         tree = HFRolloutEngine.for_adapter(model, adapter).sample(prompts, params)
     close = torch.tensor(adapter.tokens.think_close)
@@ -71,7 +83,7 @@ def test_tree_shapes_and_structure(setup):
     for b in range(2):
         for k in range(3):
             ids = tree.thought_tokens(b, k)
-            assert torch.equal(ids[-len(close):], close)  # every thought ends with </think>
+            assert torch.equal(ids[-len(close) :], close)  # every thought ends with </think>
             assert tree.thought_texts[b][k].endswith("</think>")
             assert tree.thought_texts[b][k].count("</think>") == 1
             assert bool(tree.thought_truncated[b, k]) == (tree.thought_finish[b][k] == "length")
@@ -79,7 +91,10 @@ def test_tree_shapes_and_structure(setup):
                 n = int(tree.answer_lengths[b, k, m])
                 text = tree.answer_texts[b][k][m]
                 if tree.answer_finish[b][k][m] == "stop":
-                    assert text.endswith("</answer>") or tree.answer_ids[b, k, m, n - 1] in adapter.tokens.eos_ids
+                    assert (
+                        text.endswith("</answer>")
+                        or tree.answer_ids[b, k, m, n - 1] in adapter.tokens.eos_ids
+                    )
                 else:
                     assert n == params.max_answer_tokens and "</answer>" not in text
     # the mask is a prefix: padding only after the real tokens
@@ -92,11 +107,20 @@ def test_tree_shapes_and_structure(setup):
 def test_greedy_answers_with_reused_cache_equal_recomputed(setup):
     """Phase 2 from the expanded prompt+thought cache == phase 2 recomputing prompt+thought from scratch."""
     model, adapter, prompts = setup
-    params = SamplingParams(num_thoughts=4, answers_per_thought=3, max_thought_tokens=12, max_answer_tokens=8,
-                            seed=5, temperature=1.0, answer_temperature=0.0)
+    params = SamplingParams(
+        num_thoughts=4,
+        answers_per_thought=3,
+        max_thought_tokens=12,
+        max_answer_tokens=8,
+        seed=5,
+        temperature=1.0,
+        answer_temperature=0.0,
+    )
     with logit_bias(model, tag_bias(adapter, 4.0)):
         reused = HFRolloutEngine.for_adapter(model, adapter, reuse_prefix_cache=True).sample(prompts, params)
-        recomputed = HFRolloutEngine.for_adapter(model, adapter, reuse_prefix_cache=False).sample(prompts, params)
+        recomputed = HFRolloutEngine.for_adapter(model, adapter, reuse_prefix_cache=False).sample(
+            prompts, params
+        )
     finishes = {f for row in reused.thought_finish for f in row}
     assert finishes == {"stop", "length"}  # thoughts of different lengths: masked gaps in the reused cache
     assert torch.equal(reused.thought_ids, recomputed.thought_ids)
@@ -111,7 +135,9 @@ def test_sampled_logprobs_equal_teacher_forced_forward(setup):
     """Log-probs recorded while sampling (temperature 1) == log-softmax of one full forward of the sequence,
     whose mRoPE positions the model computes itself."""
     model, adapter, prompts = setup
-    params = SamplingParams(num_thoughts=2, answers_per_thought=2, max_thought_tokens=9, max_answer_tokens=6, seed=2)
+    params = SamplingParams(
+        num_thoughts=2, answers_per_thought=2, max_thought_tokens=9, max_answer_tokens=6, seed=2
+    )
     with logit_bias(model, tag_bias(adapter, 3.0)):
         tree = HFRolloutEngine.for_adapter(model, adapter).sample(prompts, params)
         rows, owners, spans = [], [], []
@@ -128,15 +154,18 @@ def test_sampled_logprobs_equal_teacher_forced_forward(setup):
     for i, (n_prompt, thought, seg) in enumerate(spans):
         start = width - len(rows[i]) + n_prompt  # first thought token (left padding)
         targets = torch.cat([thought, seg.tokens])
-        ref = logp[i, start - 1: start - 1 + len(targets)].gather(-1, targets[:, None]).squeeze(1)
-        got = torch.cat([tree.thought_logprobs[seg.prompt_index, seg.thought_index][: len(thought)], seg.logprobs])
+        ref = logp[i, start - 1 : start - 1 + len(targets)].gather(-1, targets[:, None]).squeeze(1)
+        got = torch.cat(
+            [tree.thought_logprobs[seg.prompt_index, seg.thought_index][: len(thought)], seg.logprobs]
+        )
         torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
 
 
 def test_batched_prompts_equal_prompts_alone(setup):
     model, adapter, prompts = setup
-    params = SamplingParams(num_thoughts=2, answers_per_thought=2, max_thought_tokens=8, max_answer_tokens=4,
-                            temperature=0.0)
+    params = SamplingParams(
+        num_thoughts=2, answers_per_thought=2, max_thought_tokens=8, max_answer_tokens=4, temperature=0.0
+    )
     engine = HFRolloutEngine.for_adapter(model, adapter)
     with logit_bias(model, tag_bias(adapter, 2.0)):
         both = engine.sample(prompts, params)
@@ -150,12 +179,14 @@ def test_batched_prompts_equal_prompts_alone(setup):
 def test_truncated_thoughts_are_closed_and_flagged(setup):
     model, adapter, prompts = setup
     close = list(adapter.tokens.think_close)
-    params = SamplingParams(num_thoughts=2, answers_per_thought=1, max_thought_tokens=6, max_answer_tokens=3, seed=3)
+    params = SamplingParams(
+        num_thoughts=2, answers_per_thought=1, max_thought_tokens=6, max_answer_tokens=3, seed=3
+    )
     with logit_bias(model, {close[-1]: -1e4}):  # the thought can never stop by itself
         tree = HFRolloutEngine.for_adapter(model, adapter).sample(prompts, params)
     assert tree.thought_truncated.all()
     assert (tree.thought_lengths == params.max_thought_tokens + len(close)).all()
-    assert (tree.thought_ids[..., -len(close):] == torch.tensor(close)).all()
+    assert (tree.thought_ids[..., -len(close) :] == torch.tensor(close)).all()
     # the forced tokens' log-probs are the model's (here: the -1e4 bias makes them very unlikely)
     assert (tree.thought_logprobs[..., -1] < -1000).all()
     assert (tree.thought_logprobs[..., : params.max_thought_tokens] > -100).all()
@@ -163,7 +194,9 @@ def test_truncated_thoughts_are_closed_and_flagged(setup):
 
 def test_vision_tokens_are_never_sampled(setup):
     model, adapter, prompts = setup
-    params = SamplingParams(num_thoughts=2, answers_per_thought=2, max_thought_tokens=8, max_answer_tokens=6, seed=4)
+    params = SamplingParams(
+        num_thoughts=2, answers_per_thought=2, max_thought_tokens=8, max_answer_tokens=6, seed=4
+    )
     with logit_bias(model, dict.fromkeys(adapter.tokens.suppress_ids, 30.0)):  # the model now prefers them
         tree = HFRolloutEngine.for_adapter(model, adapter).sample(prompts, params)
     sampled = torch.cat([tree.thought_ids[tree.thought_mask], tree.answer_ids[tree.answer_mask]])
@@ -177,7 +210,9 @@ def test_vision_tokens_are_never_sampled(setup):
 def test_same_seed_same_tree_other_seed_differs(setup):
     model, adapter, prompts = setup
     engine = HFRolloutEngine.for_adapter(model, adapter)
-    params = SamplingParams(num_thoughts=2, answers_per_thought=2, max_thought_tokens=6, max_answer_tokens=4, seed=7)
+    params = SamplingParams(
+        num_thoughts=2, answers_per_thought=2, max_thought_tokens=6, max_answer_tokens=4, seed=7
+    )
     a, b = engine.sample(prompts, params), engine.sample(prompts, params)
     c = engine.sample(prompts, SamplingParams(**{**params.__dict__, "seed": 8}))
     assert torch.equal(a.thought_ids, b.thought_ids) and torch.equal(a.answer_ids, b.answer_ids)
@@ -186,8 +221,9 @@ def test_same_seed_same_tree_other_seed_differs(setup):
 
 def test_ignore_stop_runs_every_sequence_to_its_budget(setup):
     model, adapter, prompts = setup
-    params = SamplingParams(num_thoughts=2, answers_per_thought=2, max_thought_tokens=5, max_answer_tokens=3,
-                            ignore_stop=True)
+    params = SamplingParams(
+        num_thoughts=2, answers_per_thought=2, max_thought_tokens=5, max_answer_tokens=3, ignore_stop=True
+    )
     with logit_bias(model, tag_bias(adapter, 50.0)):  # would stop at once otherwise
         tree = HFRolloutEngine.for_adapter(model, adapter).sample(prompts, params)
     assert (tree.thought_lengths == 5 + len(adapter.tokens.think_close)).all()
@@ -196,7 +232,9 @@ def test_ignore_stop_runs_every_sequence_to_its_budget(setup):
 
 def test_train_mode_is_restored_and_does_not_change_sampling(setup):
     model, adapter, prompts = setup
-    params = SamplingParams(num_thoughts=2, answers_per_thought=2, max_thought_tokens=5, max_answer_tokens=3, seed=9)
+    params = SamplingParams(
+        num_thoughts=2, answers_per_thought=2, max_thought_tokens=5, max_answer_tokens=3, seed=9
+    )
     engine = HFRolloutEngine.for_adapter(model, adapter)
     reference = engine.sample(prompts, params)
     model.train()

@@ -14,8 +14,15 @@ PAD = 0
 
 
 def _prompt(ids: list[int]) -> PromptInputs:
-    return PromptInputs(record=None, text="", image=None, input_ids=torch.tensor(ids), pixel_values=torch.zeros(1, 1),
-                        image_grid_thw=torch.ones(1, 3, dtype=torch.long), frame=None)
+    return PromptInputs(
+        record=None,
+        text="",
+        image=None,
+        input_ids=torch.tensor(ids),
+        pixel_values=torch.zeros(1, 1),
+        image_grid_thw=torch.ones(1, 3, dtype=torch.long),
+        frame=None,
+    )
 
 
 def _pad(rows: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,12 +38,15 @@ def tree() -> RolloutTree:
     t_ids, t_mask = _pad(thoughts, 4)
     a_ids, a_mask = _pad(answers, 3)
     return RolloutTree(
-        prompts=[_prompt([1, 2, 3]), _prompt([4, 5])], pad_id=PAD,
-        thought_ids=t_ids.view(2, 2, 4), thought_mask=t_mask.view(2, 2, 4),
+        prompts=[_prompt([1, 2, 3]), _prompt([4, 5])],
+        pad_id=PAD,
+        thought_ids=t_ids.view(2, 2, 4),
+        thought_mask=t_mask.view(2, 2, 4),
         thought_logprobs=-t_ids.float().view(2, 2, 4) * t_mask.view(2, 2, 4),
         thought_finish=[["stop", "stop"], ["stop", "length"]],
         thought_texts=[["t0", "t1"], ["t2", "t3"]],
-        answer_ids=a_ids.view(2, 2, 2, 3), answer_mask=a_mask.view(2, 2, 2, 3),
+        answer_ids=a_ids.view(2, 2, 2, 3),
+        answer_mask=a_mask.view(2, 2, 2, 3),
         answer_logprobs=-a_ids.float().view(2, 2, 2, 3) * a_mask.view(2, 2, 2, 3),
         answer_finish=[[["stop", "stop"], ["length", "stop"]], [["stop", "stop"], ["stop", "stop"]]],
         answer_texts=[[["a0", "a1"], ["a2", "a3"]], [["a4", "a5"], ["a6", "a7"]]],
@@ -53,8 +63,12 @@ def test_shape_flags_and_lengths(tree):
 
 def test_segments_pair_tokens_with_their_context(tree):
     thoughts = list(tree.thought_segments())
-    assert [(s.prompt_index, s.thought_index, s.answer_index) for s in thoughts] == [(0, 0, None), (0, 1, None),
-                                                                                    (1, 0, None), (1, 1, None)]
+    assert [(s.prompt_index, s.thought_index, s.answer_index) for s in thoughts] == [
+        (0, 0, None),
+        (0, 1, None),
+        (1, 0, None),
+        (1, 1, None),
+    ]
     assert thoughts[3].context.tolist() == [4, 5] and thoughts[3].tokens.tolist() == [15, 16, 17, 99]
     assert torch.equal(thoughts[3].logprobs, -thoughts[3].tokens.float())
     answers = list(tree.answer_segments())
@@ -74,7 +88,9 @@ def test_sampling_params_validation_and_config():
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="answers_per_thought"):
         SamplingParams(answers_per_thought=0)
-    params = SamplingParams.from_config(RolloutConfig(num_thoughts=8, answers_per_thought=2, temperature=0.7), seed=3)
+    params = SamplingParams.from_config(
+        RolloutConfig(num_thoughts=8, answers_per_thought=2, temperature=0.7), seed=3
+    )
     assert (params.num_thoughts, params.answers_per_thought, params.seed) == (8, 2, 3)
     assert params.phase2_temperature == 0.7
     assert SamplingParams(temperature=1.0, answer_temperature=0.0).phase2_temperature == 0.0

@@ -86,7 +86,9 @@ def chars(ids: list[int]) -> str:
 
 
 def completion(ids: list[int], finish: str = "stop", logp=lambda t, i: -0.1 * (i + 1)) -> CompletionOutput:
-    return CompletionOutput(0, chars(ids), ids, None, [{t: Logprob(logp(t, i))} for i, t in enumerate(ids)], finish)
+    return CompletionOutput(
+        0, chars(ids), ids, None, [{t: Logprob(logp(t, i))} for i, t in enumerate(ids)], finish
+    )
 
 
 # -- fixtures -------------------------------------------------------------------------------------------------
@@ -102,8 +104,17 @@ def loaded(request, tiny_model_dir, tmp_path_factory):
     for i, (w, h) in enumerate([(100, 80), (40, 150)]):
         path = images / f"{i}.png"
         Image.new("RGB", (w, h), (60 * i, 200, 90)).save(path)
-        records.append(Record(id=f"r{i}", image=str(path), task="detection", prompt="the green square", width=w,
-                              height=h, ground_truth=Boxes((Box(1, 1, 9, 9),))))
+        records.append(
+            Record(
+                id=f"r{i}",
+                image=str(path),
+                task="detection",
+                prompt="the green square",
+                width=w,
+                height=h,
+                ground_truth=Boxes((Box(1, 1, 9, 9),)),
+            )
+        )
     return folder, model, model.adapter.build_inputs(records)
 
 
@@ -121,15 +132,28 @@ def test_collapsed_prompt_is_the_unexpanded_chat_text(loaded):
         assert collapsed.count(adapter.tokens.image_id) == 1
         n_image = int(prompt.image_grid_thw.prod()) // 4  # 2x2 spatial merge
         at = collapsed.index(adapter.tokens.image_id)
-        assert collapsed[:at] + [adapter.tokens.image_id] * n_image + collapsed[at + 1:] == prompt.input_ids.tolist()
+        assert (
+            collapsed[:at] + [adapter.tokens.image_id] * n_image + collapsed[at + 1 :]
+            == prompt.input_ids.tolist()
+        )
     assert collapse_image_placeholders([5, 9, 9, 9, 6, 9, 9], 9) == [5, 9, 6, 9]
 
 
 def test_request_seeds_are_deterministic_and_keep_samples_apart():
-    seeds = [request_seed(base, phase, b, k) for base in (0, 1, 2**40) for phase in (1, 2) for b in range(8)
-             for k in range(8)]
-    assert seeds == [request_seed(base, phase, b, k) for base in (0, 1, 2**40) for phase in (1, 2)
-                     for b in range(8) for k in range(8)]
+    seeds = [
+        request_seed(base, phase, b, k)
+        for base in (0, 1, 2**40)
+        for phase in (1, 2)
+        for b in range(8)
+        for k in range(8)
+    ]
+    assert seeds == [
+        request_seed(base, phase, b, k)
+        for base in (0, 1, 2**40)
+        for phase in (1, 2)
+        for b in range(8)
+        for k in range(8)
+    ]
     assert all(0 <= s < 2**31 for s in seeds)
     ordered = sorted(seeds)  # vLLM seeds sample i of a request with seed + i: ranges of 64 must not overlap
     assert min(b - a for a, b in zip(ordered, ordered[1:])) > 64
@@ -141,8 +165,11 @@ def test_banned_words_round_trip_to_their_ids(loaded):
     words = banned_words(adapter.tokenizer, adapter.tokens.suppress_ids)
     assert "<|image_pad|>" in words and len(words) == len(adapter.tokens.suppress_ids)
     tok = adapter.tokenizer
-    odd = next(i for i in range(len(tok))  # a byte-level piece such as 'Ġ...' does not encode back to itself
-               if tok.encode(tok.convert_ids_to_tokens(i), add_special_tokens=False) != [i])
+    odd = next(
+        i
+        for i in range(len(tok))  # a byte-level piece such as 'Ġ...' does not encode back to itself
+        if tok.encode(tok.convert_ids_to_tokens(i), add_special_tokens=False) != [i]
+    )
     with pytest.raises(ValueError, match=f"token {odd} "):
         banned_words(tok, [odd])
 
@@ -151,8 +178,17 @@ def test_requests_for_each_phase(loaded):
     _, model, prompts = loaded
     adapter, tokens = model.adapter, model.adapter.tokens
     builder = RequestBuilder.for_adapter(adapter)
-    params = SamplingParams(num_thoughts=3, answers_per_thought=2, max_thought_tokens=11, max_answer_tokens=7,
-                            temperature=0.9, top_p=0.8, top_k=20, answer_temperature=0.0, seed=5)
+    params = SamplingParams(
+        num_thoughts=3,
+        answers_per_thought=2,
+        max_thought_tokens=11,
+        max_answer_tokens=7,
+        temperature=0.9,
+        top_p=0.8,
+        top_k=20,
+        answer_temperature=0.0,
+        seed=5,
+    )
     thoughts = builder.thoughts(prompts, [5, 6], params)
     assert len(thoughts) == 2
     for prompt, req in zip(prompts, thoughts):
@@ -160,11 +196,22 @@ def test_requests_for_each_phase(loaded):
         assert req.prompt()["multi_modal_data"]["image"] is prompt.image
         assert req.mm_processor_kwargs == {"min_pixels": adapter.min_pixels, "max_pixels": adapter.max_pixels}
         s = req.sampling
-        assert (s["n"], s["max_tokens"], s["stop"], s["include_stop_str_in_output"]) == (3, 11, ["</think>"], True)
+        assert (s["n"], s["max_tokens"], s["stop"], s["include_stop_str_in_output"]) == (
+            3,
+            11,
+            ["</think>"],
+            True,
+        )
         assert (s["temperature"], s["top_p"], s["top_k"], s["logprobs"]) == (0.9, 0.8, 20, 0)
-        assert s["ignore_eos"] and set(s["bad_words"]) == {"<|image_pad|>", "<|vision_start|>", "<|vision_end|>",
-                                                            "<|vision_pad|>", "<|video_pad|>", "<|im_end|>",
-                                                            "<|endoftext|>"}
+        assert s["ignore_eos"] and set(s["bad_words"]) == {
+            "<|image_pad|>",
+            "<|vision_start|>",
+            "<|vision_end|>",
+            "<|vision_pad|>",
+            "<|video_pad|>",
+            "<|im_end|>",
+            "<|endoftext|>",
+        }
     assert thoughts[0].sampling["seed"] != thoughts[1].sampling["seed"]
 
     thought_ids = [[100 + i, *tokens.think_close] for i in range(6)]
@@ -172,8 +219,10 @@ def test_requests_for_each_phase(loaded):
     assert len(answers) == 6
     for i, req in enumerate(answers):  # order b, k
         prompt = prompts[i // 3]
-        assert req.prompt_token_ids == collapse_image_placeholders(prompt.input_ids.tolist(),
-                                                                   tokens.image_id) + thought_ids[i]
+        assert (
+            req.prompt_token_ids
+            == collapse_image_placeholders(prompt.input_ids.tolist(), tokens.image_id) + thought_ids[i]
+        )
         s = req.sampling
         assert (s["n"], s["max_tokens"], s["temperature"], s["stop"]) == (2, 7, 0.0, ["</answer>"])
         assert s["stop_token_ids"] == list(tokens.eos_ids) and "<|im_end|>" not in s["bad_words"]
@@ -181,7 +230,7 @@ def test_requests_for_each_phase(loaded):
     assert len({r.sampling["seed"] for r in answers}) == 6
 
     closings = builder.closings(prompts, [[101], [102, 103]], [1, 0])
-    assert closings[0].prompt_token_ids[-1 - len(tokens.think_close):] == [101, *tokens.think_close]
+    assert closings[0].prompt_token_ids[-1 - len(tokens.think_close) :] == [101, *tokens.think_close]
     assert closings[1].prompt_token_ids[:5] == thoughts[0].prompt_token_ids[:5]
     assert all(r.sampling["prompt_logprobs"] == 0 and r.sampling["max_tokens"] == 1 for r in closings)
 
@@ -190,7 +239,9 @@ def test_requests_for_each_phase(loaded):
     free = builder.answers(prompts, [5, 6], thought_ids[:4], SamplingParams(ignore_stop=True))[0].sampling
     assert free["stop"] == [] and free["ignore_eos"] and "stop_token_ids" not in free
     nocache = RequestBuilder.for_adapter(adapter, reuse_prefix_cache=False)
-    assert nocache.answers(prompts, [5, 6], thought_ids, params)[0].sampling["skip_reading_prefix_cache"] is True
+    assert (
+        nocache.answers(prompts, [5, 6], thought_ids, params)[0].sampling["skip_reading_prefix_cache"] is True
+    )
 
 
 # -- outputs --------------------------------------------------------------------------------------------------
@@ -219,9 +270,13 @@ def test_stop_trimming_and_finish_reasons():
     assert full.finish == "length" and len(full.ids) == 5
     with pytest.raises(ValueError, match="without a stop"):
         read_completion(completion([97] * 3, "abort"), stop=stop, stop_ids=(3,), budget=5, decode=chars)
-    context_full = read_completion(completion([97] * 3, "length"), stop=stop, stop_ids=(3,), budget=5, decode=chars)
+    context_full = read_completion(
+        completion([97] * 3, "length"), stop=stop, stop_ids=(3,), budget=5, decode=chars
+    )
     assert context_full.finish == "length" and len(context_full.ids) == 3
-    ignored = read_completion(completion(text, "length"), stop=None, stop_ids=(), budget=len(text), decode=chars)
+    ignored = read_completion(
+        completion(text, "length"), stop=None, stop_ids=(), budget=len(text), decode=chars
+    )
     assert ignored.ids == text and ignored.finish == "length"
 
 
@@ -246,22 +301,44 @@ def test_assemble_tree_pads_to_the_budgets(loaded):
     _, model, prompts = loaded
     tok = model.adapter.tokenizer
     close = list(model.adapter.tokens.think_close)
-    thoughts = [[Sampled([10, *close], [-1.0, -2.0], "stop"), Sampled([11, 12, 13, *close], [-1.0] * 4, "length")]
-                for _ in prompts]
+    thoughts = [
+        [Sampled([10, *close], [-1.0, -2.0], "stop"), Sampled([11, 12, 13, *close], [-1.0] * 4, "length")]
+        for _ in prompts
+    ]
     answers = [[[Sampled([20 + m], [-0.5], "stop") for m in range(3)] for _ in range(2)] for _ in prompts]
-    tree = assemble_tree(prompts, thoughts, answers, 0, thought_width=4, answer_width=2,
-                         decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
-    assert tree.shape == (2, 2, 3) and tree.thought_ids.shape == (2, 2, 4) and tree.answer_ids.shape == (2, 2, 3, 2)
+    tree = assemble_tree(
+        prompts,
+        thoughts,
+        answers,
+        0,
+        thought_width=4,
+        answer_width=2,
+        decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+    )
+    assert (
+        tree.shape == (2, 2, 3)
+        and tree.thought_ids.shape == (2, 2, 4)
+        and tree.answer_ids.shape == (2, 2, 3, 2)
+    )
     assert tree.thought_tokens(1, 1).tolist() == [11, 12, 13, *close]
     assert tree.thought_mask[0, 0].tolist() == [True, True, False, False]
     assert tree.thought_truncated.tolist() == [[False, True], [False, True]]
-    assert tree.answer_tokens(1, 0, 2).tolist() == [22] and tree.answer_logprobs[1, 0, 2].tolist() == [-0.5, 0.0]
+    assert tree.answer_tokens(1, 0, 2).tolist() == [22] and tree.answer_logprobs[1, 0, 2].tolist() == [
+        -0.5,
+        0.0,
+    ]
     assert tree.thought_texts[0][0] == tok.decode([10, *close], skip_special_tokens=True)
     segments = list(tree.answer_segments())
-    assert len(segments) == 12 and segments[-1].context.tolist() == prompts[1].input_ids.tolist() + [11, 12, 13, *close]
+    assert len(segments) == 12 and segments[-1].context.tolist() == prompts[1].input_ids.tolist() + [
+        11,
+        12,
+        13,
+        *close,
+    ]
     with pytest.raises(ValueError, match="ragged"):
-        assemble_tree(prompts, thoughts, [answers[0], answers[1][:1]], 0, thought_width=4, answer_width=2,
-                      decode=str)
+        assemble_tree(
+            prompts, thoughts, [answers[0], answers[1][:1]], 0, thought_width=4, answer_width=2, decode=str
+        )
 
 
 # -- the engine's orchestration against a scripted vLLM ------------------------------------------------------
@@ -318,7 +395,11 @@ class ScriptedLLM:
         w, h = prompt["multi_modal_data"]["image"].size
         ids = prompt["prompt_token_ids"]
         at = ids.index(self.image_id)
-        expanded = ids[:at] + [self.image_id] * ((w // self.factor) * (h // self.factor) + self.expand_extra) + ids[at + 1:]
+        expanded = (
+            ids[:at]
+            + [self.image_id] * ((w // self.factor) * (h // self.factor) + self.expand_extra)
+            + ids[at + 1 :]
+        )
         banned = set(self.tokenizer.convert_tokens_to_ids(s.get("bad_words", [])))
         choices = [t for t in self.alphabet if t not in banned]
         outs = []
@@ -329,19 +410,40 @@ class ScriptedLLM:
                 text = self.tokenizer.decode(toks, skip_special_tokens=False)
                 if any(stop in text for stop in s.get("stop", [])) or toks[-1] in s.get("stop_token_ids", []):
                     break
-            outs.append(CompletionOutput(i, "", toks, None, [{t: Logprob(self.logp(t, j))} for j, t in enumerate(toks)],
-                                         "stop" if len(toks) < s["max_tokens"] else "length"))
+            outs.append(
+                CompletionOutput(
+                    i,
+                    "",
+                    toks,
+                    None,
+                    [{t: Logprob(self.logp(t, j))} for j, t in enumerate(toks)],
+                    "stop" if len(toks) < s["max_tokens"] else "length",
+                )
+            )
         prompt_logprobs = None
         if s.get("prompt_logprobs") is not None:
-            prompt_logprobs = [None] + [{t: Logprob(self.prompt_logp(j))} for j, t in enumerate(expanded) if j]
+            prompt_logprobs = [None] + [
+                {t: Logprob(self.prompt_logp(j))} for j, t in enumerate(expanded) if j
+            ]
         return RequestOutput(rid, None, expanded, prompt_logprobs, outs, num_cached_tokens=len(expanded) // 2)
 
 
 def scripted_engine(model, expand_extra: int = 0, **options) -> tuple[VLLMRolloutEngine, ScriptedLLM]:
     adapter = model.adapter
     tokens = adapter.tokens
-    alphabet = [40, 41, 42, 43, tokens.think_close[-1], tokens.answer_close[-1], *tokens.eos_ids, *tokens.suppress_ids]
-    llm = ScriptedLLM(adapter.tokenizer, adapter.family.factor, tokens.image_id, alphabet, expand_extra=expand_extra)
+    alphabet = [
+        40,
+        41,
+        42,
+        43,
+        tokens.think_close[-1],
+        tokens.answer_close[-1],
+        *tokens.eos_ids,
+        *tokens.suppress_ids,
+    ]
+    llm = ScriptedLLM(
+        adapter.tokenizer, adapter.family.factor, tokens.image_id, alphabet, expand_extra=expand_extra
+    )
     return VLLMRolloutEngine(llm, adapter, VLLMOptions(**options), sampling_params_type=dict), llm
 
 
@@ -350,46 +452,60 @@ def test_engine_orchestrates_three_request_rounds_into_the_tree(loaded):
     tokens = model.adapter.tokens
     close = list(tokens.think_close)
     engine, llm = scripted_engine(model)
-    params = SamplingParams(num_thoughts=4, answers_per_thought=3, max_thought_tokens=5, max_answer_tokens=4, seed=3)
+    params = SamplingParams(
+        num_thoughts=4, answers_per_thought=3, max_thought_tokens=5, max_answer_tokens=4, seed=3
+    )
     tree = engine.sample(prompts, params)
     phase1, closing, phase2 = llm.calls
     assert tree.shape == (2, 4, 3) and set(tree.seconds) == {"thoughts", "close", "answers"}
     assert [p["prompt_token_ids"] for p, _ in phase1] == [
-        collapse_image_placeholders(p.input_ids.tolist(), tokens.image_id) for p in prompts]
+        collapse_image_placeholders(p.input_ids.tolist(), tokens.image_id) for p in prompts
+    ]
     cut = [(b, k) for b in range(2) for k in range(4) if tree.thought_finish[b][k] == "length"]
     assert len(closing) == len(cut) > 0 and len(cut) < 8
     for (b, k), (request, _) in zip(cut, closing):
         thought = tree.thought_tokens(b, k).tolist()
-        assert len(thought) == params.max_thought_tokens + len(close) and thought[-len(close):] == close
-        assert request["prompt_token_ids"][-len(thought):] == thought
-        start = len(prompts[b].input_ids) + params.max_thought_tokens  # expanded position of the forced tokens
-        forced = tree.thought_logprobs[b, k, params.max_thought_tokens: len(thought)].tolist()
+        assert len(thought) == params.max_thought_tokens + len(close) and thought[-len(close) :] == close
+        assert request["prompt_token_ids"][-len(thought) :] == thought
+        start = (
+            len(prompts[b].input_ids) + params.max_thought_tokens
+        )  # expanded position of the forced tokens
+        forced = tree.thought_logprobs[b, k, params.max_thought_tokens : len(thought)].tolist()
         assert forced == pytest.approx([llm.prompt_logp(start + j) for j in range(len(close))])
     for b in range(2):
         for k in range(4):
             thought = tree.thought_tokens(b, k).tolist()
             n = len(thought) - (len(close) if tree.thought_finish[b][k] == "length" else 0)
             assert tree.thought_logprobs[b, k, :n].tolist() == pytest.approx(
-                [llm.logp(t, j) for j, t in enumerate(thought[:n])])
+                [llm.logp(t, j) for j, t in enumerate(thought[:n])]
+            )
             request, sampling = phase2[b * 4 + k]
             assert request["prompt_token_ids"] == llm.calls[0][b][0]["prompt_token_ids"] + thought
             assert sampling["n"] == 3
             for m in range(3):
                 answer = tree.answer_tokens(b, k, m).tolist()
                 assert tree.answer_logprobs[b, k, m, : len(answer)].tolist() == pytest.approx(
-                    [llm.logp(t, j) for j, t in enumerate(answer)])
+                    [llm.logp(t, j) for j, t in enumerate(answer)]
+                )
     sampled = torch.cat([tree.thought_ids[tree.thought_mask], tree.answer_ids[tree.answer_mask]])
     assert not torch.isin(sampled, torch.tensor(tokens.suppress_ids)).any()
-    expanded = [len(prompts[b].input_ids) + int(tree.thought_lengths[b, k]) for b in range(2) for k in range(4)]
-    assert engine.stats == {"answer_prompt_tokens": sum(expanded), "answer_cached_tokens": sum(n // 2 for n in expanded)}
+    expanded = [
+        len(prompts[b].input_ids) + int(tree.thought_lengths[b, k]) for b in range(2) for k in range(4)
+    ]
+    assert engine.stats == {
+        "answer_prompt_tokens": sum(expanded),
+        "answer_cached_tokens": sum(n // 2 for n in expanded),
+    }
 
 
 def test_engine_rejects_a_different_image_expansion(loaded):
     _, model, prompts = loaded
     engine, _ = scripted_engine(model, expand_extra=1)
     with pytest.raises(ValueError, match="record r0: vLLM expanded the prompt"):
-        engine.sample(prompts, SamplingParams(num_thoughts=1, answers_per_thought=1, max_thought_tokens=2,
-                                              max_answer_tokens=2))
+        engine.sample(
+            prompts,
+            SamplingParams(num_thoughts=1, answers_per_thought=1, max_thought_tokens=2, max_answer_tokens=2),
+        )
 
 
 # -- weights --------------------------------------------------------------------------------------------------
@@ -402,12 +518,20 @@ def test_weight_names_match_the_checkpoint(loaded):
     saved = set(load_file(folder / "model.safetensors"))
     legacy = {n.replace("model.language_model.", "model.").replace("model.visual.", "visual.") for n in names}
     assert names == saved or legacy == saved
-    assert vllm_weight_name("base_model.model.model.language_model.layers.0.self_attn.q_proj.base_layer.weight") == \
-        "model.language_model.layers.0.self_attn.q_proj.weight"
-    assert vllm_weight_name("base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.default.weight") \
+    assert (
+        vllm_weight_name("base_model.model.model.language_model.layers.0.self_attn.q_proj.base_layer.weight")
+        == "model.language_model.layers.0.self_attn.q_proj.weight"
+    )
+    assert (
+        vllm_weight_name(
+            "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.default.weight"
+        )
         is None
-    assert vllm_weight_name("base_model.model.model.visual.modules_to_save.default.blocks.0.norm1.weight") == \
-        "model.visual.blocks.0.norm1.weight"
+    )
+    assert (
+        vllm_weight_name("base_model.model.model.visual.modules_to_save.default.blocks.0.norm1.weight")
+        == "model.visual.blocks.0.norm1.weight"
+    )
     assert vllm_weight_name("base_model.model.model.visual.original_module.blocks.0.norm1.weight") is None
 
 
@@ -467,11 +591,14 @@ def test_sync_weights_is_a_no_op_for_hf_and_hf_factory_paths(loaded):
                 Training.entered += 1
                 with torch.no_grad():
                     yield self.module
+
             return ctx()
 
     wrapped = build_rollout_engine(config, Training(), model.adapter)
     assert isinstance(wrapped, GatheredHFRollout)
-    params = SamplingParams(num_thoughts=2, answers_per_thought=1, max_thought_tokens=3, max_answer_tokens=2, seed=1)
+    params = SamplingParams(
+        num_thoughts=2, answers_per_thought=1, max_thought_tokens=3, max_answer_tokens=2, seed=1
+    )
     assert torch.equal(wrapped.sample(prompts, params).answer_ids, engine.sample(prompts, params).answer_ids)
     assert Training.entered == 1
 
@@ -486,8 +613,15 @@ def test_mismatch_matches_hand_computation():
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
     diffs = [abs(float(trainer[i, j] - rollout[i, j])) for i in range(3) for j in range(5) if mask[i, j]]
     got = logprob_mismatch([(trainer, rollout, mask)])
-    assert got.tokens == 9 and got.mean_abs == pytest.approx(sum(diffs) / 9) and got.max_abs == pytest.approx(max(diffs))
-    assert got.metrics() == {"rollout/logp_mismatch_mean": got.mean_abs, "rollout/logp_mismatch_max": got.max_abs}
+    assert (
+        got.tokens == 9
+        and got.mean_abs == pytest.approx(sum(diffs) / 9)
+        and got.max_abs == pytest.approx(max(diffs))
+    )
+    assert got.metrics() == {
+        "rollout/logp_mismatch_mean": got.mean_abs,
+        "rollout/logp_mismatch_max": got.max_abs,
+    }
     with pytest.raises(ValueError, match="shapes differ"):
         logprob_mismatch([(trainer, rollout[:, :4], mask)])
 
@@ -511,7 +645,9 @@ def test_vllm_without_cuda_fails_with_one_line(loaded):
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
 def test_vllm_not_installed_fails_with_one_line(loaded, monkeypatch):
     folder, model, _ = loaded
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # pretend a GPU, so the import is what fails
+    monkeypatch.setattr(
+        torch.cuda, "is_available", lambda: True
+    )  # pretend a GPU, so the import is what fails
     with pytest.raises(ImportError) as err:
         build_rollout_engine(_vllm_config(folder), model.model, model.adapter)
     message = str(err.value)
@@ -519,13 +655,26 @@ def test_vllm_not_installed_fails_with_one_line(loaded, monkeypatch):
 
 
 def test_stack_problems_name_each_departure_from_the_vllm_pins():
-    cpu_set = {"vllm": None, "torch": "2.14.1+cu130", "torchvision": "0.29.1", "transformers": "5.24.0",
-               "deepspeed": "0.19.8"}
-    assert stack_problems(cpu_set) == ["vllm not installed (needs ==0.33.0)", "torch 2.14.1+cu130 (needs ==2.14.0)",
-                                       "torchvision 0.29.1 (needs ==0.29.0)",
-                                       "transformers 5.24.0 (needs >=5.16.1,<5.21)"]
-    gpu_set = {"vllm": "0.33.0", "torch": "2.14.0+cu130", "torchvision": "0.29.0", "transformers": "5.20.2",
-               "deepspeed": "0.19.8"}
+    cpu_set = {
+        "vllm": None,
+        "torch": "2.14.1+cu130",
+        "torchvision": "0.29.1",
+        "transformers": "5.24.0",
+        "deepspeed": "0.19.8",
+    }
+    assert stack_problems(cpu_set) == [
+        "vllm not installed (needs ==0.33.0)",
+        "torch 2.14.1+cu130 (needs ==2.14.0)",
+        "torchvision 0.29.1 (needs ==0.29.0)",
+        "transformers 5.24.0 (needs >=5.16.1,<5.21)",
+    ]
+    gpu_set = {
+        "vllm": "0.33.0",
+        "torch": "2.14.0+cu130",
+        "torchvision": "0.29.0",
+        "transformers": "5.20.2",
+        "deepspeed": "0.19.8",
+    }
     assert stack_problems(gpu_set) == []
 
 
@@ -533,9 +682,18 @@ def test_engine_options_come_from_the_config():
     from vlm_grpoma.config import load_config
     from vlm_grpoma.rollout.vllm import VLLMOptions
 
-    config = load_config(overrides=["rollout.vllm={gpu_memory_utilization: 0.5, tensor_parallel_size: 2, "
-                                    "enable_sleep_mode: true, max_model_len: 4096}"])
+    config = load_config(
+        overrides=[
+            "rollout.vllm={gpu_memory_utilization: 0.5, tensor_parallel_size: 2, "
+            "enable_sleep_mode: true, max_model_len: 4096}"
+        ]
+    )
     options = VLLMOptions.from_config(config.rollout.vllm)
-    assert (options.gpu_memory_utilization, options.tensor_parallel_size, options.enable_sleep_mode,
-            options.max_model_len, options.enforce_eager) == (0.5, 2, True, 4096, False)
+    assert (
+        options.gpu_memory_utilization,
+        options.tensor_parallel_size,
+        options.enable_sleep_mode,
+        options.max_model_len,
+        options.enforce_eager,
+    ) == (0.5, 2, True, 4096, False)
     assert VLLMOptions.from_config(load_config().rollout.vllm).max_model_len is None

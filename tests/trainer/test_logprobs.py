@@ -28,9 +28,20 @@ def test_path_log_probs_match_sampling_log_probs(arch, tiny_model_dir, tmp_path)
     records = []
     for i, (w, h) in enumerate([(90, 70), (50, 120)]):
         Image.new("RGB", (w, h), (40 * i, 120, 200)).save(tmp_path / f"{i}.png")
-        records.append(Record(id=f"r{i}", image=str(tmp_path / f"{i}.png"), task="detection", prompt="the square",
-                              width=w, height=h, ground_truth=Boxes((Box(1, 1, 9, 9),))))
-    params = SamplingParams(num_thoughts=2, answers_per_thought=3, max_thought_tokens=7, max_answer_tokens=5, seed=3)
+        records.append(
+            Record(
+                id=f"r{i}",
+                image=str(tmp_path / f"{i}.png"),
+                task="detection",
+                prompt="the square",
+                width=w,
+                height=h,
+                ground_truth=Boxes((Box(1, 1, 9, 9),)),
+            )
+        )
+    params = SamplingParams(
+        num_thoughts=2, answers_per_thought=3, max_thought_tokens=7, max_answer_tokens=5, seed=3
+    )
     tree = HFRolloutEngine.for_adapter(model, adapter).sample(adapter.build_inputs(records), params)
 
     with torch.no_grad():

@@ -42,9 +42,15 @@ def data_path(tmp_path_factory):
 
 
 def overrides(data_path, *extra):
-    return (f"data.train_path={data_path}", "rewards.weights={test_answer_length: 1.0, format: 0.5}",
-            "rollout.num_thoughts=4", "rollout.answers_per_thought=4", "rollout.max_thought_tokens=12",
-            "rollout.max_answer_tokens=8", *extra)
+    return (
+        f"data.train_path={data_path}",
+        "rewards.weights={test_answer_length: 1.0, format: 0.5}",
+        "rollout.num_thoughts=4",
+        "rollout.answers_per_thought=4",
+        "rollout.max_thought_tokens=12",
+        "rollout.max_answer_tokens=8",
+        *extra,
+    )
 
 
 def parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -58,15 +64,24 @@ def test_trains_k4_m4_with_finite_metrics_and_changes_weights(make_config, data_
     after = parameters(trainer)
     assert len(history) == 2 and trainer.step == 2
     for metrics in history:
-        for key in ("reward/total_mean", "reward/test_answer_length_mean", "loss/total", "train/grad_norm",
-                    "train/gss", "time/rollout_s", "time/update_s", "lengths/thought_mean", "answers/parse_rate"):
+        for key in (
+            "reward/total_mean",
+            "reward/test_answer_length_mean",
+            "loss/total",
+            "train/grad_norm",
+            "train/gss",
+            "time/rollout_s",
+            "time/update_s",
+            "lengths/thought_mean",
+            "answers/parse_rate",
+        ):
             assert math.isfinite(metrics[key]), key
         assert metrics["train/skipped_steps"] == 0
         # the transformers rollout samples from the policy being trained: its log-probs are the trainer's
         assert metrics["rollout/logp_mismatch_mean"] < 1e-4
     assert history[0]["train/gss"] == pytest.approx(1.0)
     assert any(not torch.equal(before[n], after[n]) for n in before)
-    lines = (trainer.config.logging.output_dir + "/metrics.jsonl")
+    lines = trainer.config.logging.output_dir + "/metrics.jsonl"
     logged = [json.loads(line) for line in open(lines)]
     assert [row["step"] for row in logged] == [1, 2] and "reward/format_mean" in logged[0]
 
@@ -75,12 +90,16 @@ def test_m1_runs_as_plain_grpo(make_config, data_path):
     trainer = Trainer(make_config(*overrides(data_path, "train.steps=1", "rollout.answers_per_thought=1")))
     metrics = trainer.train()[0]
     assert math.isfinite(metrics["loss/total"]) and metrics["train/skipped_steps"] == 0
-    assert metrics["variance/thought_adv_estimate"] != metrics["variance/thought_adv_estimate"]  # NaN: needs M>=2
+    assert (
+        metrics["variance/thought_adv_estimate"] != metrics["variance/thought_adv_estimate"]
+    )  # NaN: needs M>=2
 
 
 def test_nan_reward_skips_the_step_and_leaves_weights(make_config, data_path):
-    config = make_config(*overrides(data_path, "train.steps=1"),
-                         "rewards.weights={test_answer_length: 1.0, test_poisoned: 1.0}")
+    config = make_config(
+        *overrides(data_path, "train.steps=1"),
+        "rewards.weights={test_answer_length: 1.0, test_poisoned: 1.0}",
+    )
     trainer = Trainer(config)
     before = parameters(trainer)
     metrics = trainer.train()[0]
@@ -89,12 +108,19 @@ def test_nan_reward_skips_the_step_and_leaves_weights(make_config, data_path):
 
 
 def test_four_steps_equal_two_plus_resume_plus_two(make_config, data_path, tmp_path):
-    straight = Trainer(make_config(*overrides(data_path, "train.steps=4", f"logging.output_dir={tmp_path}/a")))
+    straight = Trainer(
+        make_config(*overrides(data_path, "train.steps=4", f"logging.output_dir={tmp_path}/a"))
+    )
     straight.train()
     first = Trainer(make_config(*overrides(data_path, "train.steps=2", f"logging.output_dir={tmp_path}/b")))
     first.train()
-    resumed = Trainer(make_config(*overrides(data_path, "train.steps=4", f"logging.output_dir={tmp_path}/b",
-                                             "checkpoint.resume=auto")))
+    resumed = Trainer(
+        make_config(
+            *overrides(
+                data_path, "train.steps=4", f"logging.output_dir={tmp_path}/b", "checkpoint.resume=auto"
+            )
+        )
+    )
     assert resumed.step == 2
     resumed.train()
     expected, got = parameters(straight), parameters(resumed)
@@ -126,8 +152,16 @@ def test_repeated_updates_on_a_fixed_batch_raise_the_advantage_weighted_likeliho
 def test_shared_prefix_and_naive_passes_take_the_same_step(make_config, data_path, tmp_path):
     runs = {}
     for mode in ("shared", "naive"):
-        trainer = Trainer(make_config(*overrides(data_path, "train.steps=1", f"train.logprob_pass={mode}",
-                                                 f"logging.output_dir={tmp_path}/{mode}")))
+        trainer = Trainer(
+            make_config(
+                *overrides(
+                    data_path,
+                    "train.steps=1",
+                    f"train.logprob_pass={mode}",
+                    f"logging.output_dir={tmp_path}/{mode}",
+                )
+            )
+        )
         metrics = trainer.train()[0]
         runs[mode] = (parameters(trainer), metrics)
     (shared, m_shared), (naive, m_naive) = runs["shared"], runs["naive"]
@@ -146,18 +180,33 @@ def test_held_out_evaluation_matches_an_independent_greedy_decode(make_config, d
     from vlm_grpoma.eval.grounding import generate_predictions, sampling_params
 
     held_out = generate_shapes("detection", 5, tmp_path / "held_out", seed=3, split="test", config=EASY)
-    config = make_config(*overrides(data_path, "train.steps=3", "train.eval_every=2", "train.eval_batch_prompts=2",
-                                    f"data.eval_sets={{held_out: {held_out}, again: {held_out}}}"))
+    config = make_config(
+        *overrides(
+            data_path,
+            "train.steps=3",
+            "train.eval_every=2",
+            "train.eval_batch_prompts=2",
+            f"data.eval_sets={{held_out: {held_out}, again: {held_out}}}",
+        )
+    )
     trainer = Trainer(config)
     records = read_records(held_out)
-    predictions = generate_predictions(trainer.engine.module, trainer.adapter, records,
-                                       sampling_params(config.rollout, True, 1, config.seed), batch_size=2)
+    predictions = generate_predictions(
+        trainer.engine.module,
+        trainer.adapter,
+        records,
+        sampling_params(config.rollout, True, 1, config.seed),
+        batch_size=2,
+    )
     expected = sum(min(len(p.answer_text), 40) / 40 for p in predictions) / len(records)
     trainer.train()
     logged = {row["step"]: row for row in map(json.loads, open(f"{config.logging.output_dir}/metrics.jsonl"))}
     assert sorted(logged) == [0, 1, 2, 3]
-    assert set(logged[0]) >= {"step", "time/eval_s"} | {f"eval/{s}/{k}" for s in ("held_out", "again") for k in
-                              ("records", "parse_rate", "reward_mean", "test_answer_length_mean", "format_mean")}
+    assert set(logged[0]) >= {"step", "time/eval_s"} | {
+        f"eval/{s}/{k}"
+        for s in ("held_out", "again")
+        for k in ("records", "parse_rate", "reward_mean", "test_answer_length_mean", "format_mean")
+    }
     assert all(key.startswith("eval/") for key in set(logged[0]) - {"step", "time/eval_s"})
     assert logged[0]["eval/held_out/records"] == 5
     assert logged[0]["eval/held_out/test_answer_length_mean"] == pytest.approx(expected, abs=1e-9)
@@ -170,7 +219,9 @@ def test_held_out_set_without_the_training_task_is_one_line_error(make_config, d
     from vlm_grpoma.cli import CommandError
 
     other = generate_shapes("trajectory", 2, tmp_path / "traj", seed=0, config=EASY)
-    with pytest.raises(CommandError, match=r"^data\.eval_sets\.val: .* has no detection records \(data\.task\)$"):
+    with pytest.raises(
+        CommandError, match=r"^data\.eval_sets\.val: .* has no detection records \(data\.task\)$"
+    ):
         Trainer(make_config(*overrides(data_path, "train.eval_every=1", f"data.eval_sets={{val: {other}}}")))
 
 
@@ -194,8 +245,16 @@ def test_evaluation_shards_make_equal_rollout_calls_and_add_up_to_one_rank(make_
 
     def run(rank, world):
         counting = Counting(trainer.rollout)
-        metrics = evaluate_sets(sets, counting, trainer.adapter, trainer.rewards, greedy_params(trainer.config),
-                                rank=rank, world_size=world, batch_size=2)
+        metrics = evaluate_sets(
+            sets,
+            counting,
+            trainer.adapter,
+            trainer.rewards,
+            greedy_params(trainer.config),
+            rank=rank,
+            world_size=world,
+            batch_size=2,
+        )
         return metrics, counting.calls
 
     whole, _ = run(0, 1)

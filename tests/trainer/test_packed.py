@@ -22,9 +22,17 @@ def _prompts(adapter, folder):
     records = []
     for i, (w, h) in enumerate(SIZES):
         Image.new("RGB", (w, h), (60 * i, 120, 200)).save(folder / f"{i}.png")
-        records.append(Record(id=f"r{i}", image=str(folder / f"{i}.png"), task="detection",
-                              prompt="the square" + " on the left" * i, width=w, height=h,
-                              ground_truth=Boxes((Box(1, 1, 9, 9),))))
+        records.append(
+            Record(
+                id=f"r{i}",
+                image=str(folder / f"{i}.png"),
+                task="detection",
+                prompt="the square" + " on the left" * i,
+                width=w,
+                height=h,
+                ground_truth=Boxes((Box(1, 1, 9, 9),)),
+            )
+        )
     prompts = adapter.build_inputs(records)
     assert len({len(p.input_ids) for p in prompts}) == 3
     return prompts
@@ -43,28 +51,42 @@ def _ragged_tree(prompts, tokens, k=3, m=2, lt=7, la=5, seed=0) -> RolloutTree:
     for i in range(b):
         for j in range(k):
             n = int(torch.randint(len(close), lt + 1, (1,), generator=g))
-            thought_ids[i, j, :n] = torch.cat([text_ids[torch.randint(len(text_ids), (n - len(close),), generator=g)],
-                                               close])
+            thought_ids[i, j, :n] = torch.cat(
+                [text_ids[torch.randint(len(text_ids), (n - len(close),), generator=g)], close]
+            )
             thought_mask[i, j, :n] = True
             for r in range(m):
                 n = int(torch.randint(1, la + 1, (1,), generator=g))
                 answer_ids[i, j, r, :n] = text_ids[torch.randint(len(text_ids), (n,), generator=g)]
                 answer_mask[i, j, r, :n] = True
-    return RolloutTree(prompts, tokens.pad_id, thought_ids, thought_mask, torch.zeros(b, k, lt), [["stop"] * k] * b,
-                       [[""] * k] * b, answer_ids, answer_mask, torch.zeros(b, k, m, la),
-                       [[["stop"] * m] * k] * b, [[[""] * m] * k] * b)
+    return RolloutTree(
+        prompts,
+        tokens.pad_id,
+        thought_ids,
+        thought_mask,
+        torch.zeros(b, k, lt),
+        [["stop"] * k] * b,
+        [[""] * k] * b,
+        answer_ids,
+        answer_mask,
+        torch.zeros(b, k, m, la),
+        [[["stop"] * m] * k] * b,
+        [[[""] * m] * k] * b,
+    )
 
 
 def _load(tiny_model_dir, arch, lora: bool, attn: str = "sdpa"):
-    loaded = load_model(ModelConfig(name_or_path=str(tiny_model_dir(arch)), dtype="float32",
-                                    attn_implementation=attn))
+    loaded = load_model(
+        ModelConfig(name_or_path=str(tiny_model_dir(arch)), dtype="float32", attn_implementation=attn)
+    )
     model = loaded.model.eval()
     if lora:
         from peft import LoraConfig, get_peft_model
 
         torch.manual_seed(0)  # non-zero LoRA B (init_lora_weights=False), so the adapters change the outputs
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                 init_lora_weights=False))
+        model = get_peft_model(
+            model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        )
     return model, loaded.adapter
 
 
@@ -92,13 +114,18 @@ def test_ragged_tree_matches_naive(arch, lora, tiny_model_dir, tmp_path):
     model, adapter = _load(tiny_model_dir, arch, lora)
     prompts = _prompts(adapter, tmp_path)
     tree = _ragged_tree(prompts, adapter.tokens)
-    assert len(set(tree.thought_lengths.flatten().tolist())) > 2 and len(set(tree.answer_lengths.flatten().tolist())) > 2
+    assert (
+        len(set(tree.thought_lengths.flatten().tolist())) > 2
+        and len(set(tree.answer_lengths.flatten().tolist())) > 2
+    )
     _assert_same(model, tree, [0, 1, 2], adapter.tokens)
 
 
 def test_sampled_tree_with_truncated_thoughts_matches_naive(arch, tiny_model_dir, tmp_path):
     model, adapter = _load(tiny_model_dir, arch, lora=False)
-    params = SamplingParams(num_thoughts=2, answers_per_thought=3, max_thought_tokens=4, max_answer_tokens=4, seed=5)
+    params = SamplingParams(
+        num_thoughts=2, answers_per_thought=3, max_thought_tokens=4, max_answer_tokens=4, seed=5
+    )
     tree = HFRolloutEngine.for_adapter(model, adapter).sample(_prompts(adapter, tmp_path), params)
     assert tree.thought_truncated.any()
     _assert_same(model, tree, [2, 0], adapter.tokens)  # any subset, any order

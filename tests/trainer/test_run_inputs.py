@@ -17,9 +17,11 @@ from vlm_grpoma.trainer.sft import SFTRun
 def mixed_path(tmp_path_factory):
     """4 detection/train, 2 detection/test and 2 trajectory/train records in one file."""
     folder = tmp_path_factory.mktemp("mixed")
-    records = (read_records(generate_shapes("detection", 4, folder / "a", seed=0, config=EASY))
-               + read_records(generate_shapes("detection", 2, folder / "b", seed=1, split="test", config=EASY))
-               + read_records(generate_shapes("trajectory", 2, folder / "c", seed=2)))
+    records = (
+        read_records(generate_shapes("detection", 4, folder / "a", seed=0, config=EASY))
+        + read_records(generate_shapes("detection", 2, folder / "b", seed=1, split="test", config=EASY))
+        + read_records(generate_shapes("trajectory", 2, folder / "c", seed=2))
+    )
     return write_records(folder / "all.jsonl", records)
 
 
@@ -30,8 +32,11 @@ def test_training_uses_only_the_configured_task_and_split(make_config, mixed_pat
 
 
 def test_no_matching_records_names_what_the_file_has(make_config, mixed_path):
-    with pytest.raises(CommandError, match=r"no affordance records of split 'train'.*4 detection/train, "
-                                           r"2 trajectory/train"):
+    with pytest.raises(
+        CommandError,
+        match=r"no affordance records of split 'train'.*4 detection/train, "
+        r"2 trajectory/train",
+    ):
         training_records(make_config(f"data.train_path={mixed_path}", "data.task=affordance"))
 
 
@@ -41,8 +46,10 @@ def test_missing_records_file_is_one_line(make_config, tmp_path):
 
 
 def test_misspelt_reward_fails_before_the_model_loads(make_config, mixed_path, monkeypatch):
-    monkeypatch.setattr("vlm_grpoma.trainer.run.build_engine",
-                        lambda *a, **k: pytest.fail("the engine was built before the rewards were checked"))
+    monkeypatch.setattr(
+        "vlm_grpoma.trainer.run.build_engine",
+        lambda *a, **k: pytest.fail("the engine was built before the rewards were checked"),
+    )
     with pytest.raises(CommandError, match=r"^rewards\.weights\.iuo: unknown reward 'iuo'"):
         Trainer(make_config(f"data.train_path={mixed_path}", "rewards.weights={iuo: 1.0}"))
 

@@ -39,14 +39,22 @@ def test_affordance_reference_point_lies_in_the_mask(tmp_path):
     from vlm_grpoma.datasets.images import load_mask
 
     for record in read_records(generate_shapes("affordance", 4, tmp_path, seed=2)):
-        (x, y), = reference_answer(record).points
+        ((x, y),) = reference_answer(record).points
         assert load_mask(record.ground_truth.path)[int(y), int(x)]
 
 
 def test_sft_lowers_the_target_nll(make_config, tmp_path):
     data = generate_shapes("detection", 8, tmp_path / "data", seed=0, config=EASY)
-    run = SFTRun(make_config(f"data.train_path={data}", "train.steps=12", "optim.learning_rate=3e-3",
-                             "data.shuffle=false", "train.prompts_per_step=8", "train.micro_batch_prompts=4"))
+    run = SFTRun(
+        make_config(
+            f"data.train_path={data}",
+            "train.steps=12",
+            "optim.learning_rate=3e-3",
+            "data.shuffle=false",
+            "train.prompts_per_step=8",
+            "train.micro_batch_prompts=4",
+        )
+    )
     history = run.train()
     nll = [m["sft/nll"] for m in history]
     assert all(math.isfinite(v) for v in nll)

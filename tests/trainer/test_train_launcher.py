@@ -17,11 +17,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 def launch(config: Path, *overrides: str, command: str = "train") -> subprocess.CompletedProcess:
     # Not the rendezvous variables of this pytest process's own (in-process) process group.
-    inherited = {k: v for k, v in os.environ.items()
-                 if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    inherited = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
     env = {**inherited, "CPU_RANKS": "2", "OMP_NUM_THREADS": "1", "COMMAND": command}
-    return subprocess.run(["bash", str(REPO / "launch" / "train.sh"), str(config), *overrides], env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["bash", str(REPO / "launch" / "train.sh"), str(config), *overrides],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -42,10 +50,10 @@ def test_sft_then_grpo_ma_under_the_deepspeed_launcher(tiny_path, tmp_path):
         "algorithm: {kl_beta: 0.0}\n"
         "optim: {learning_rate: 1e-3}\n"
         "train: {steps: 2, prompts_per_step: 4, micro_batch_prompts: 1}\n"
-        "logging: {progress_bar: false}\n")
+        "logging: {progress_bar: false}\n"
+    )
 
-    sft = launch(config, "deepspeed.zero_stage=3", f"logging.output_dir={tmp_path / 'sft'}",
-                 command="sft")
+    sft = launch(config, "deepspeed.zero_stage=3", f"logging.output_dir={tmp_path / 'sft'}", command="sft")
     assert sft.returncode == 0, sft.stdout[-3000:] + sft.stderr[-3000:]
     sft_model = tmp_path / "sft" / "checkpoints" / "step-00000002" / "model"
     meta = json.loads((sft_model.parent / "checkpoint.json").read_text())
@@ -54,8 +62,12 @@ def test_sft_then_grpo_ma_under_the_deepspeed_launcher(tiny_path, tmp_path):
     assert before.keys() == after.keys()
     assert any(not torch.equal(before[k], after[k]) for k in before)  # ZeRO-3 gathered, trained weights saved
 
-    grpo = launch(config, "deepspeed.zero_stage=2", f"model.name_or_path={sft_model}",
-                  f"logging.output_dir={tmp_path / 'grpo'}")
+    grpo = launch(
+        config,
+        "deepspeed.zero_stage=2",
+        f"model.name_or_path={sft_model}",
+        f"logging.output_dir={tmp_path / 'grpo'}",
+    )
     assert grpo.returncode == 0, grpo.stdout[-3000:] + grpo.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
@@ -78,7 +90,8 @@ def test_held_out_evaluation_under_zero3_with_uneven_shards(tiny_path, tmp_path)
         "algorithm: {kl_beta: 0.0}\n"
         "train: {steps: 1, prompts_per_step: 2, micro_batch_prompts: 1, eval_every: 1, eval_batch_prompts: 1}\n"
         "deepspeed: {zero_stage: 3}\n"
-        f"logging: {{progress_bar: false, output_dir: {tmp_path / 'run'}}}\n")
+        f"logging: {{progress_bar: false, output_dir: {tmp_path / 'run'}}}\n"
+    )
     run = launch(config)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -14,7 +14,9 @@ import torch
 AdvantageScale = Literal["std", "none"]
 
 
-def group_normalise(values: torch.Tensor, *, scale: AdvantageScale = "std", eps: float = 1e-4) -> torch.Tensor:
+def group_normalise(
+    values: torch.Tensor, *, scale: AdvantageScale = "std", eps: float = 1e-4
+) -> torch.Tensor:
     """Normalise along the last dimension: ``(x - mean) / (std + eps)``, or only centre with ``scale="none"``.
 
     A group with a single element, or whose values are all equal, gets exactly 0 (never NaN).

@@ -39,7 +39,11 @@ def grpo_ma_token_weights(
     own batch, so ``token_mean`` normalises by that rank's mean path length (DAPO normalises by the global
     batch; the two agree when ranks' mean lengths do).
     """
-    if thought_lengths.dim() != 2 or answer_lengths.dim() != 3 or answer_lengths.shape[:2] != thought_lengths.shape:
+    if (
+        thought_lengths.dim() != 2
+        or answer_lengths.dim() != 3
+        or answer_lengths.shape[:2] != thought_lengths.shape
+    ):
         raise ValueError(
             f"expected thought_lengths [B, K] and answer_lengths [B, K, M], got {tuple(thought_lengths.shape)} "
             f"and {tuple(answer_lengths.shape)}"
@@ -92,7 +96,9 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1.0
 
 
-def policy_loss(segments: Segments, *, clip_eps_low: float, clip_eps_high: float, kl_beta: float) -> LossOutput:
+def policy_loss(
+    segments: Segments, *, clip_eps_low: float, clip_eps_high: float, kl_beta: float
+) -> LossOutput:
     """Per token ``-min(r·A, clip(r, 1-ε_low, 1+ε_high)·A) + β·k3``, weighted and summed over trained tokens."""
     logp, mask = segments.logp, segments.mask.to(segments.logp.dtype)
     old_logp = logp.detach() if segments.old_logp is None else segments.old_logp

@@ -48,19 +48,41 @@ class Layout:
 
 def _data_job(layout: Layout, task: TaskSetup, split: str, n: int) -> Job:
     seed = DATA_SEED if split == "train" else DATA_SEED + 1
-    args = ["make-data", "--task", task.name, "--source", task.source, "--n", str(n), "--seed", str(seed),
-            "--split", split, "--out", str(layout.data(task, split))]
+    args = [
+        "make-data",
+        "--task",
+        task.name,
+        "--source",
+        task.source,
+        "--n",
+        str(n),
+        "--seed",
+        str(seed),
+        "--split",
+        split,
+        "--out",
+        str(layout.data(task, split)),
+    ]
     if task.difficulty:
         args += ["--difficulty", task.difficulty]
     return Job(f"data/{task.name}/{split}", tuple(args), layout.data(task, split))
 
 
 def _sft_job(layout: Layout, plan: ComparePlan, task: TaskSetup) -> Job:
-    args = ("sft", "--config", str(task.config), f"model.name_or_path={layout.model}",
-            f"data.train_path={layout.records(task, 'train')}", f"train.steps={task.sft_steps}",
-            f"train.prompts_per_step={task.sft_batch}", f"train.micro_batch_prompts={task.sft_batch}",
-            f"optim.learning_rate={plan.sft_learning_rate}", "optim.warmup_steps=50", "seed=0",
-            f"logging.output_dir={layout.sft(task)}")
+    args = (
+        "sft",
+        "--config",
+        str(task.config),
+        f"model.name_or_path={layout.model}",
+        f"data.train_path={layout.records(task, 'train')}",
+        f"train.steps={task.sft_steps}",
+        f"train.prompts_per_step={task.sft_batch}",
+        f"train.micro_batch_prompts={task.sft_batch}",
+        f"optim.learning_rate={plan.sft_learning_rate}",
+        "optim.warmup_steps=50",
+        "seed=0",
+        f"logging.output_dir={layout.sft(task)}",
+    )
     return Job(f"sft/{task.name}", args, layout.sft(task), after=("model", f"data/{task.name}/train"))
 
 
@@ -70,20 +92,46 @@ def _yaml_scalar(text: str) -> str:
 
 
 def arm_job(layout: Layout, plan: ComparePlan, task: TaskSetup, arm: Arm, seed: int) -> Job:
-    eval_sets = ", ".join(f"{name}: {_yaml_scalar(str(layout.records(task, name)))}" for name in task.eval_records)
-    args = ("train", "--config", str(task.config), f"model.name_or_path={layout.warm_start(task)}",
-            f"data.train_path={layout.records(task, 'train')}", f"data.eval_sets={{{eval_sets}}}",
-            f"rollout.num_thoughts={arm.thoughts}", f"rollout.answers_per_thought={arm.answers}",
-            f"train.steps={task.steps}", f"train.eval_every={plan.eval_every}", f"seed={seed}",
-            f"logging.output_dir={layout.arm(task, arm, seed)}")
+    eval_sets = ", ".join(
+        f"{name}: {_yaml_scalar(str(layout.records(task, name)))}" for name in task.eval_records
+    )
+    args = (
+        "train",
+        "--config",
+        str(task.config),
+        f"model.name_or_path={layout.warm_start(task)}",
+        f"data.train_path={layout.records(task, 'train')}",
+        f"data.eval_sets={{{eval_sets}}}",
+        f"rollout.num_thoughts={arm.thoughts}",
+        f"rollout.answers_per_thought={arm.answers}",
+        f"train.steps={task.steps}",
+        f"train.eval_every={plan.eval_every}",
+        f"seed={seed}",
+        f"logging.output_dir={layout.arm(task, arm, seed)}",
+    )
     waits = (f"sft/{task.name}", *(f"data/{task.name}/{name}" for name in task.eval_records))
     return Job(f"train/{task.name}/{arm.name}/seed{seed}", args, layout.arm(task, arm, seed), after=waits)
 
 
 def build_jobs(plan: ComparePlan, layout: Layout) -> list[Job]:
     """Every command of ``plan``, longest training runs first so the last ones to finish are short."""
-    jobs = [Job("model", ("make-tiny-model", "--arch", MODEL_ARCH, "--preset", MODEL_PRESET, "--seed", "0",
-                          "--out", str(layout.model)), layout.model)]
+    jobs = [
+        Job(
+            "model",
+            (
+                "make-tiny-model",
+                "--arch",
+                MODEL_ARCH,
+                "--preset",
+                MODEL_PRESET,
+                "--seed",
+                "0",
+                "--out",
+                str(layout.model),
+            ),
+            layout.model,
+        )
+    ]
     for task in plan.tasks:
         jobs.append(_data_job(layout, task, "train", task.train_records))
         jobs += [_data_job(layout, task, name, n) for name, n in task.eval_records.items()]

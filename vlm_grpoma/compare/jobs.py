@@ -26,8 +26,19 @@ from vlm_grpoma.trainer.engine import free_port
 
 MARKER = ".compare-done"
 REPO = Path(__file__).resolve().parents[2]
-LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                      "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE")
+LAUNCHER_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CROSS_RANK",
+    "CROSS_SIZE",
+)
 
 
 @dataclass(frozen=True)
@@ -82,15 +93,22 @@ class JobFailed(RuntimeError):
 
 
 def _executable() -> str:
-    found = shutil.which("vlm-grpoma", path=os.pathsep.join([str(Path(sys.executable).parent),
-                                                             os.environ.get("PATH", "")]))
+    found = shutil.which(
+        "vlm-grpoma", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    )
     if found is None:
-        raise JobFailed("the vlm-grpoma console script is not installed next to this Python; run make test first")
+        raise JobFailed(
+            "the vlm-grpoma console script is not installed next to this Python; run make test first"
+        )
     return found
 
 
 def _environment(threads: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")
+    }
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
     return env  # each job is its own one-process run; run_jobs gives each a distinct MASTER_PORT
@@ -109,8 +127,9 @@ def _kept(jobs: Sequence[Job]) -> dict[str, dict]:
     kept: dict[str, dict] = {}
     for job in jobs:
         done = job.marker()
-        if done is not None and all(dep in kept and done.get("after", {}).get(dep) == kept[dep]["run_id"]
-                                    for dep in job.after):
+        if done is not None and all(
+            dep in kept and done.get("after", {}).get(dep) == kept[dep]["run_id"] for dep in job.after
+        ):
             kept[job.name] = done
     return kept
 
@@ -128,8 +147,9 @@ def _topological(jobs: Sequence[Job]) -> list[Job]:
     return ordered
 
 
-def run_jobs(jobs: Sequence[Job], *, workers: int, log_dir: Path,
-             report: Callable[[str], None] = print) -> dict[str, Timing]:
+def run_jobs(
+    jobs: Sequence[Job], *, workers: int, log_dir: Path, report: Callable[[str], None] = print
+) -> dict[str, Timing]:
     """Run ``jobs`` respecting ``after``, at most ``workers`` at once, one torch thread each.
 
     Returns each job's timing (from its marker for a kept job). The first failure stops new jobs, waits
@@ -161,8 +181,13 @@ def run_jobs(jobs: Sequence[Job], *, workers: int, log_dir: Path,
             log = log_dir / (ready.name.replace("/", "__") + ".log")
             port = _distinct_port({port for *_, port in running.values()})
             with log.open("w") as handle:
-                process = subprocess.Popen([executable, *ready.args], stdout=handle, stderr=subprocess.STDOUT,
-                                           env={**env, "MASTER_PORT": port}, cwd=Path.cwd())
+                process = subprocess.Popen(
+                    [executable, *ready.args],
+                    stdout=handle,
+                    stderr=subprocess.STDOUT,
+                    env={**env, "MASTER_PORT": port},
+                    cwd=Path.cwd(),
+                )
             running[ready.name] = (ready, process, time.time(), log, port)
             report(f"[compare] {ready.name}: started ({len(done)}/{len(jobs)} done)")
         if not running:
@@ -176,12 +201,21 @@ def run_jobs(jobs: Sequence[Job], *, workers: int, log_dir: Path,
             elapsed = finished_at - started
             if process.returncode != 0:
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-                failure = failure or f"{job.name} failed (exit {process.returncode}): {job.command()}\nlog {log}:\n{tail}"
+                failure = (
+                    failure
+                    or f"{job.name} failed (exit {process.returncode}): {job.command()}\nlog {log}:\n{tail}"
+                )
                 continue
             job.out.mkdir(parents=True, exist_ok=True)
-            marker = {"command": job.command(), "seconds": elapsed, "started_at": started, "finished_at": finished_at,
-                      "run_id": uuid.uuid4().hex,
-                      "after": {dep: done[dep]["run_id"] for dep in job.after}, "version": __version__}
+            marker = {
+                "command": job.command(),
+                "seconds": elapsed,
+                "started_at": started,
+                "finished_at": finished_at,
+                "run_id": uuid.uuid4().hex,
+                "after": {dep: done[dep]["run_id"] for dep in job.after},
+                "version": __version__,
+            }
             (job.out / MARKER).write_text(json.dumps(marker))
             done[name] = marker
             report(f"[compare] {job.name}: finished in {elapsed:.0f} s")

@@ -12,17 +12,30 @@ from vlm_grpoma.compare.jobs import REPO, JobFailed, run_jobs
 from vlm_grpoma.compare.plan import ComparePlan
 from vlm_grpoma.compare.report import usable_cores, write_results
 
-ROOT_MARKER = ".compare-root"  # the folder was made by this script: its job folders may be cleared and rebuilt
+ROOT_MARKER = (
+    ".compare-root"  # the folder was made by this script: its job folders may be cleared and rebuilt
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="benchmarks/compare.py", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="the 10-minute version: 1 seed, short runs (a smoke test)")
-    p.add_argument("--out", help="folder for data, models and runs (default runs/compare or runs/compare-quick)")
-    p.add_argument("--docs", help="where the report and its images/ go (default: the checkout's docs/ for the full plan, "
-                                  "the --out folder for --quick or a subset)")
-    p.add_argument("--workers", type=int, default=usable_cores(),
-                   help="commands run at once, one torch thread each (default: the cores this process may use)")
+    p.add_argument(
+        "--quick", action="store_true", help="the 10-minute version: 1 seed, short runs (a smoke test)"
+    )
+    p.add_argument(
+        "--out", help="folder for data, models and runs (default runs/compare or runs/compare-quick)"
+    )
+    p.add_argument(
+        "--docs",
+        help="where the report and its images/ go (default: the checkout's docs/ for the full plan, "
+        "the --out folder for --quick or a subset)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=usable_cores(),
+        help="commands run at once, one torch thread each (default: the cores this process may use)",
+    )
     p.add_argument("--tasks", nargs="+", help="a subset of the plan's tasks (detection, manipulation)")
     p.add_argument("--arms", nargs="+", help="a subset of arms, e.g. T4A1 T4A4")
     p.add_argument("--seeds", nargs="+", type=int, help="a subset of seeds")
@@ -33,7 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        plan = (ComparePlan.quick() if args.quick else ComparePlan.full()).select(args.tasks, args.arms, args.seeds)
+        plan = (ComparePlan.quick() if args.quick else ComparePlan.full()).select(
+            args.tasks, args.arms, args.seeds
+        )
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -44,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     layout = Layout(Path(args.out or default_out).resolve())
     root = layout.root
     if root.exists() and any(root.iterdir()) and not (root / ROOT_MARKER).exists():
-        print(f"error: --out {root} holds files this script did not make; it clears and rebuilds job folders "
-              "there, so choose a new or empty folder", file=sys.stderr)
+        print(
+            f"error: --out {root} holds files this script did not make; it clears and rebuilds job folders "
+            "there, so choose a new or empty folder",
+            file=sys.stderr,
+        )
         return 1
     root.mkdir(parents=True, exist_ok=True)
     (root / ROOT_MARKER).touch()
@@ -55,10 +73,15 @@ def main(argv: list[str] | None = None) -> int:
         timings = {job.name: job.finished() for job in jobs}
         missing = [name for name, timing in timings.items() if timing is None]
         if missing:
-            print(f"error: --report-only needs finished runs; not finished: {', '.join(missing[:5])}", file=sys.stderr)
+            print(
+                f"error: --report-only needs finished runs; not finished: {', '.join(missing[:5])}",
+                file=sys.stderr,
+            )
             return 1
     else:
-        print(f"[compare] plan {plan.name}: {len(jobs)} commands, {args.workers} at a time, under {layout.root}")
+        print(
+            f"[compare] plan {plan.name}: {len(jobs)} commands, {args.workers} at a time, under {layout.root}"
+        )
         try:
             timings = run_jobs(jobs, workers=args.workers, log_dir=layout.logs)
         except JobFailed as err:

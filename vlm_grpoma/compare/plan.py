@@ -32,7 +32,9 @@ class Arm:
     def parse(cls, text: str) -> Arm:
         match = re.fullmatch(r"T(\d+)A(\d+)", text)
         if not match or int(match[1]) < 2 or int(match[2]) < 1:
-            raise ValueError(f"arm {text!r}: write T<K>A<M> with K >= 2 thoughts and M >= 1 answers, e.g. T4A4")
+            raise ValueError(
+                f"arm {text!r}: write T<K>A<M> with K >= 2 thoughts and M >= 1 answers, e.g. T4A4"
+            )
         return cls(int(match[1]), int(match[2]))
 
 
@@ -61,7 +63,9 @@ class ComparePlan:
 
     name: str
     tasks: tuple[TaskSetup, ...]
-    arms: tuple[Arm, ...] = field(default_factory=lambda: tuple(map(Arm.parse, ("T4A1", "T16A1", "T4A4", "T8A2"))))
+    arms: tuple[Arm, ...] = field(
+        default_factory=lambda: tuple(map(Arm.parse, ("T4A1", "T16A1", "T4A4", "T8A2")))
+    )
     seeds: tuple[int, ...] = (0, 1, 2)
     eval_every: int = 20
     sft_learning_rate: float = 2e-3
@@ -69,24 +73,68 @@ class ComparePlan:
 
     @classmethod
     def full(cls) -> ComparePlan:
-        return cls("full", (
-            TaskSetup("detection", "shapes", 2000, {"test": 64}, sft_steps=900, sft_batch=32, headline="iou",
-                      steps=100, difficulty="easy"),
-            TaskSetup("manipulation", "sapien", 1500, {"seen": 64, "unseen": 64}, sft_steps=300, sft_batch=16,
-                      headline="manipulation/success", steps=60),
-        ))
+        return cls(
+            "full",
+            (
+                TaskSetup(
+                    "detection",
+                    "shapes",
+                    2000,
+                    {"test": 64},
+                    sft_steps=900,
+                    sft_batch=32,
+                    headline="iou",
+                    steps=100,
+                    difficulty="easy",
+                ),
+                TaskSetup(
+                    "manipulation",
+                    "sapien",
+                    1500,
+                    {"seen": 64, "unseen": 64},
+                    sft_steps=300,
+                    sft_batch=16,
+                    headline="manipulation/success",
+                    steps=60,
+                ),
+            ),
+        )
 
     @classmethod
     def quick(cls) -> ComparePlan:
-        return cls("quick", (
-            TaskSetup("detection", "shapes", 1000, {"test": 32}, sft_steps=300, sft_batch=32, headline="iou",
-                      steps=24, difficulty="easy"),
-            TaskSetup("manipulation", "sapien", 400, {"seen": 32, "unseen": 32}, sft_steps=200, sft_batch=16,
-                      headline="manipulation/success", steps=24),
-        ), seeds=(0,), eval_every=8, arguments=" --quick")
+        return cls(
+            "quick",
+            (
+                TaskSetup(
+                    "detection",
+                    "shapes",
+                    1000,
+                    {"test": 32},
+                    sft_steps=300,
+                    sft_batch=32,
+                    headline="iou",
+                    steps=24,
+                    difficulty="easy",
+                ),
+                TaskSetup(
+                    "manipulation",
+                    "sapien",
+                    400,
+                    {"seen": 32, "unseen": 32},
+                    sft_steps=200,
+                    sft_batch=16,
+                    headline="manipulation/success",
+                    steps=24,
+                ),
+            ),
+            seeds=(0,),
+            eval_every=8,
+            arguments=" --quick",
+        )
 
-    def select(self, tasks: list[str] | None = None, arms: list[str] | None = None,
-               seeds: list[int] | None = None) -> ComparePlan:
+    def select(
+        self, tasks: list[str] | None = None, arms: list[str] | None = None, seeds: list[int] | None = None
+    ) -> ComparePlan:
         """A subset of this plan, named ``<name>-subset`` (unknown task names are an error naming the known ones)."""
         if not (tasks or arms or seeds):
             return self
@@ -94,10 +142,19 @@ class ComparePlan:
         for name in tasks or ():
             if name not in known:
                 raise ValueError(f"--tasks: unknown task {name!r}; this plan has {', '.join(known)}")
-        chosen = [(flag, values) for flag, values in (("--tasks", tasks), ("--arms", arms), ("--seeds", seeds))
-                  if values]
-        arguments = self.arguments + "".join(f" {flag} {' '.join(map(str, values))}" for flag, values in chosen)
-        return replace(self, name=f"{self.name}-subset", arguments=arguments,
-                       tasks=tuple(known[n] for n in tasks) if tasks else self.tasks,
-                       arms=tuple(map(Arm.parse, arms)) if arms else self.arms,
-                       seeds=tuple(seeds) if seeds else self.seeds)
+        chosen = [
+            (flag, values)
+            for flag, values in (("--tasks", tasks), ("--arms", arms), ("--seeds", seeds))
+            if values
+        ]
+        arguments = self.arguments + "".join(
+            f" {flag} {' '.join(map(str, values))}" for flag, values in chosen
+        )
+        return replace(
+            self,
+            name=f"{self.name}-subset",
+            arguments=arguments,
+            tasks=tuple(known[n] for n in tasks) if tasks else self.tasks,
+            arms=tuple(map(Arm.parse, arms)) if arms else self.arms,
+            seeds=tuple(seeds) if seeds else self.seeds,
+        )

@@ -68,8 +68,10 @@ class TaskResult:
 def collect(plan: ComparePlan, layout: Layout) -> list[TaskResult]:
     results = []
     for task in plan.tasks:
-        runs = {arm.name: [read_run(layout.arm(task, arm, seed), task.headline) for seed in plan.seeds]
-                for arm in plan.arms}
+        runs = {
+            arm.name: [read_run(layout.arm(task, arm, seed), task.headline) for seed in plan.seeds]
+            for arm in plan.arms
+        }
         arms = [summarise(arm.name, arm.samples, runs[arm.name]) for arm in plan.arms]
         results.append(TaskResult(task, runs, arms))
     return results
@@ -82,11 +84,13 @@ def _smooth(values: np.ndarray, window: int = SMOOTH) -> np.ndarray:
     """Trailing moving average (shorter at the start), NaN-aware."""
     out = np.empty_like(values)
     for i in range(len(values)):
-        out[i] = np.nanmean(values[max(0, i - window + 1): i + 1])
+        out[i] = np.nanmean(values[max(0, i - window + 1) : i + 1])
     return out
 
 
-def _band(ax, x, runs: list[np.ndarray], label: str, colour, *, smooth: bool = True, style: str = "-") -> None:
+def _band(
+    ax, x, runs: list[np.ndarray], label: str, colour, *, smooth: bool = True, style: str = "-"
+) -> None:
     stacked = np.vstack([_smooth(r) if smooth else r for r in runs])
     mean = np.nanmean(stacked, axis=0)
     ax.plot(x, mean, style, color=colour, label=label)
@@ -114,14 +118,24 @@ def plot_task(result: TaskResult, path: Path) -> Path:
         for style, name in zip(("-o", "--s"), sorted(runs[0].held_out)):
             by_step = [r.held_out[name] for r in runs]
             at = sorted(by_step[0])
-            _band(held_ax, at, [np.array([b[s] for s in at]) for b in by_step], f"{arm} {name}", colour,
-                  smooth=False, style=style)
+            _band(
+                held_ax,
+                at,
+                [np.array([b[s] for s in at]) for b in by_step],
+                f"{arm} {name}",
+                colour,
+                smooth=False,
+                style=style,
+            )
         _band(grad_ax, steps, [r.grad_norm for r in runs], arm, colour)
         gss_ax.plot(steps, np.nanmax(np.vstack([r.gss for r in runs]), axis=0), color=colour, label=arm, lw=1)
         if any(np.isfinite(r.thought_variance).any() for r in runs):
             _band(var_ax, steps, [r.thought_variance for r in runs], arm, colour)
-    reward_ax.set(title=f"training reward ({SMOOTH}-step mean, ±std over seeds)", xlabel="step",
-                  ylabel="mean reward of the K×M answers")
+    reward_ax.set(
+        title=f"training reward ({SMOOTH}-step mean, ±std over seeds)",
+        xlabel="step",
+        ylabel="mean reward of the K×M answers",
+    )
     wall_ax.set(title="training reward vs training time", xlabel="seconds (rollout + reward + update)")
     short = headline.split("/")[-1]
     held_ax.set(title=f"held-out greedy {short}", xlabel="step (0 = the SFT warm start)", ylabel=short)
@@ -149,18 +163,41 @@ def plot_task(result: TaskResult, path: Path) -> Path:
 def _table(result: TaskResult) -> list[str]:
     sets = sorted({name for arm in result.arms for name in arm.held_out_end})
     head = result.task.headline
-    columns = ["arm", "answers/prompt", *(f"held-out {head} ({s})" for s in sets), "train reward, first 10",
-               "train reward, last 10", "GSS@10 steps", "max GSS", "mean grad norm", "thought-adv var. est.",
-               "s/step", "rollout / reward / update s", "minutes"]
+    columns = [
+        "arm",
+        "answers/prompt",
+        *(f"held-out {head} ({s})" for s in sets),
+        "train reward, first 10",
+        "train reward, last 10",
+        "GSS@10 steps",
+        "max GSS",
+        "mean grad norm",
+        "thought-adv var. est.",
+        "s/step",
+        "rollout / reward / update s",
+        "minutes",
+    ]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     start = [next(a.held_out_start[s] for a in result.arms if s in a.held_out_start).text() for s in sets]
-    lines.append("| SFT warm start | — | " + " | ".join(start) + " |" + " — |" * (len(columns) - 2 - len(sets)))
+    lines.append(
+        "| SFT warm start | — | " + " | ".join(start) + " |" + " — |" * (len(columns) - 2 - len(sets))
+    )
     for a in result.arms:
         phases = " / ".join(f"{a.phase_seconds[p].mean:.2f}" for p in ("rollout", "reward", "update"))
-        cells = [a.arm, str(a.samples), *(a.held_out_end[s].text() if s in a.held_out_end else "—" for s in sets),
-                 a.reward_start.text(),
-                 a.reward_end.text(), a.gss10.text(1), a.gss_max.text(2), a.grad_norm.text(3),
-                 a.thought_variance.text(3), a.step_seconds.text(2), phases, a.train_minutes.text(1)]
+        cells = [
+            a.arm,
+            str(a.samples),
+            *(a.held_out_end[s].text() if s in a.held_out_end else "—" for s in sets),
+            a.reward_start.text(),
+            a.reward_end.text(),
+            a.gss10.text(1),
+            a.gss_max.text(2),
+            a.grad_norm.text(3),
+            a.thought_variance.text(3),
+            a.step_seconds.text(2),
+            phases,
+            a.train_minutes.text(1),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -172,8 +209,10 @@ def _verdicts(result: TaskResult) -> list[str]:
         a, b = result.arm(ma), result.arm(grpo)
         if a is None or b is None:
             continue
-        parts = [f"held-out {head} ({s}) {difference(a.held_out_end[s], b.held_out_end[s]).text()}"
-                 for s in sorted(set(a.held_out_end) & set(b.held_out_end))]
+        parts = [
+            f"held-out {head} ({s}) {difference(a.held_out_end[s], b.held_out_end[s]).text()}"
+            for s in sorted(set(a.held_out_end) & set(b.held_out_end))
+        ]
         parts.append(f"last-10 training reward {difference(a.reward_end, b.reward_end).text()}")
         parts.append(f"GSS@10 steps {difference(a.gss10, b.gss10).text()}")
         parts.append(f"max GSS {difference(a.gss_max, b.gss_max).text()}")
@@ -193,13 +232,16 @@ def report_names(plan: ComparePlan) -> tuple[str, str]:
     return f"results-{plan.name}.md", f"compare-{plan.name}"
 
 
-def write_results(plan: ComparePlan, layout: Layout, jobs: list[Job], timings: dict[str, Timing],
-                  docs: Path) -> Path:
+def write_results(
+    plan: ComparePlan, layout: Layout, jobs: list[Job], timings: dict[str, Timing], docs: Path
+) -> Path:
     """Write the markdown report and one figure per task under ``docs``; returns the markdown path."""
     markdown, images_prefix = report_names(plan)
     results = collect(plan, layout)
     job_minutes = sum(t.seconds for t in timings.values()) / 60
-    wall_minutes = (max(t.finished_at for t in timings.values()) - min(t.started_at for t in timings.values())) / 60
+    wall_minutes = (
+        max(t.finished_at for t in timings.values()) - min(t.started_at for t in timings.values())
+    ) / 60
     lines = [
         "# Results: GRPO-MA vs GRPO at CPU scale",
         "",
@@ -223,15 +265,34 @@ def write_results(plan: ComparePlan, layout: Layout, jobs: list[Job], timings: d
         image = plot_task(result, docs / "images" / f"{images_prefix}_{result.task.name}.png")
         t = result.task
         sets = ", ".join(f"{name} ({n} records)" for name, n in t.eval_records.items())
-        lines += [f"## {t.name}", "",
-                  f"{t.train_records} training records ({t.source}); held-out: {sets}; SFT warm start "
-                  f"{t.sft_steps} steps of {t.sft_batch}; {t.steps} GRPO steps per run. Headline metric: `{t.headline}` of the greedy answer.",
-                  "", *_table(result), "", *_verdicts(result), "",
-                  f"![{t.name}](images/{image.name})", ""]
-    lines += ["## Commands", "", "Run from the repository root (what `benchmarks/compare.py` ran, in order):", "",
-              "```", *(job.command() for job in jobs), "```", "",
-              "Job times (s): " + ", ".join(f"{name} {t.seconds:.0f}" for name, t in timings.items() if
-                                            not name.startswith("train/")), ""]
+        lines += [
+            f"## {t.name}",
+            "",
+            f"{t.train_records} training records ({t.source}); held-out: {sets}; SFT warm start "
+            f"{t.sft_steps} steps of {t.sft_batch}; {t.steps} GRPO steps per run. Headline metric: `{t.headline}` of the greedy answer.",
+            "",
+            *_table(result),
+            "",
+            *_verdicts(result),
+            "",
+            f"![{t.name}](images/{image.name})",
+            "",
+        ]
+    lines += [
+        "## Commands",
+        "",
+        "Run from the repository root (what `benchmarks/compare.py` ran, in order):",
+        "",
+        "```",
+        *(job.command() for job in jobs),
+        "```",
+        "",
+        "Job times (s): "
+        + ", ".join(
+            f"{name} {t.seconds:.0f}" for name, t in timings.items() if not name.startswith("train/")
+        ),
+        "",
+    ]
     path = docs / markdown
     path.write_text("\n".join(lines))
     return path

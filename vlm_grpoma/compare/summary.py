@@ -18,7 +18,9 @@ from scipy import stats
 
 from vlm_grpoma.trainer.logging import METRICS_FILE
 
-WINDOW = 10  # steps averaged for "start" and "end" training reward (at most half the run, so they never overlap)
+WINDOW = (
+    10  # steps averaged for "start" and "end" training reward (at most half the run, so they never overlap)
+)
 LEVEL = 0.05  # two-sided significance level of the verdicts
 
 
@@ -65,12 +67,18 @@ def read_run(run_dir: Path, headline: str) -> RunSeries:
             if key.startswith("eval/") and key.endswith(suffix) and key.count("/") == suffix.count("/") + 1:
                 held_out.setdefault(key.split("/")[1], {})[row["step"]] = value
     return RunSeries(
-        steps=len(train), reward=series("reward/total_mean"), headline_reward=series(f"reward/{headline}_mean"),
-        grad_norm=series("train/grad_norm"), gss=series("train/gss"),
+        steps=len(train),
+        reward=series("reward/total_mean"),
+        headline_reward=series(f"reward/{headline}_mean"),
+        grad_norm=series("train/grad_norm"),
+        gss=series("train/gss"),
         gss10_count=int(train[-1]["train/gss10_count"]) if train else 0,
-        thought_variance=series("variance/thought_adv_estimate"), step_seconds=series("time/step_s"),
+        thought_variance=series("variance/thought_adv_estimate"),
+        step_seconds=series("time/step_s"),
         phase_seconds={p: float(np.mean(series(f"time/{p}_s"))) for p in ("rollout", "reward", "update")},
-        eval_seconds=float(sum(r.get("time/eval_s") or 0.0 for r in rows)), held_out=held_out)
+        eval_seconds=float(sum(r.get("time/eval_s") or 0.0 for r in rows)),
+        held_out=held_out,
+    )
 
 
 @dataclass(frozen=True)
@@ -136,19 +144,24 @@ def summarise(arm: str, samples: int, runs: list[RunSeries]) -> ArmSummary:
 
     window = lambda run: max(1, min(WINDOW, run.steps // 2))  # noqa: E731 - tiny local helper
     return ArmSummary(
-        arm=arm, samples=samples, seeds=len(runs),
+        arm=arm,
+        samples=samples,
+        seeds=len(runs),
         held_out_start={n: held(n, lambda by_step: by_step.get(0, math.nan)) for n in sets},
         held_out_end={n: held(n, lambda by_step: by_step[max(by_step)]) for n in sets},
-        reward_start=Stat.of(float(np.nanmean(r.reward[:window(r)])) for r in runs),
-        reward_end=Stat.of(float(np.nanmean(r.reward[-window(r):])) for r in runs),
+        reward_start=Stat.of(float(np.nanmean(r.reward[: window(r)])) for r in runs),
+        reward_end=Stat.of(float(np.nanmean(r.reward[-window(r) :])) for r in runs),
         gss10=Stat.of(r.gss10_count for r in runs),
         gss_max=Stat.of(float(np.nanmax(r.gss)) for r in runs),
         grad_norm=Stat.of(float(np.nanmean(r.grad_norm)) for r in runs),
-        thought_variance=Stat.of(float(np.nanmean(r.thought_variance)) if np.isfinite(r.thought_variance).any()
-                                 else math.nan for r in runs),
+        thought_variance=Stat.of(
+            float(np.nanmean(r.thought_variance)) if np.isfinite(r.thought_variance).any() else math.nan
+            for r in runs
+        ),
         step_seconds=Stat.of(float(np.mean(r.step_seconds)) for r in runs),
         phase_seconds={p: Stat.of(r.phase_seconds[p] for r in runs) for p in ("rollout", "reward", "update")},
-        train_minutes=Stat.of((float(r.step_seconds.sum()) + r.eval_seconds) / 60 for r in runs))
+        train_minutes=Stat.of((float(r.step_seconds.sum()) + r.eval_seconds) / 60 for r in runs),
+    )
 
 
 @dataclass(frozen=True)
@@ -187,9 +200,9 @@ def difference(a: Stat, b: Stat) -> Difference:
         return Difference(math.nan, math.nan, math.nan)
     if a.n < 2 or b.n < 2:
         return Difference(a.mean - b.mean, math.nan, math.nan)
-    va, vb = a.std ** 2 / a.n, b.std ** 2 / b.n
+    va, vb = a.std**2 / a.n, b.std**2 / b.n
     se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (a.n - 1) + vb ** 2 / (b.n - 1)) if se > 0 else math.inf
+    df = (va + vb) ** 2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1)) if se > 0 else math.inf
     return Difference(a.mean - b.mean, se, df)
 
 

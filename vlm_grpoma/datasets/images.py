@@ -40,8 +40,10 @@ def _open(path: str | Path, record_id: str | None, what: str) -> Image.Image:
 
 def _check_size(size: tuple[int, int], record: Record, path: str | Path, what: str) -> None:
     if size != (record.width, record.height):
-        raise ImageLoadError(f"{_describe(path, record.id)}: {what} is {size[0]}x{size[1]} (after EXIF "
-                             f"orientation) but the record says {record.width}x{record.height}")
+        raise ImageLoadError(
+            f"{_describe(path, record.id)}: {what} is {size[0]}x{size[1]} (after EXIF "
+            f"orientation) but the record says {record.width}x{record.height}"
+        )
 
 
 def load_image(record_or_path: Record | str | Path, record_id: str | None = None) -> Image.Image:

@@ -101,8 +101,9 @@ def _box(value: Any, name: str, width: int, height: int) -> Box:
     if y2 <= y1:
         raise _FieldError(f"{name}.bbox_2d", f"y2 ({y2}) must be > y1 ({y1})")
     if x1 < 0 or y1 < 0 or x2 > width or y2 > height:
-        raise _FieldError(f"{name}.bbox_2d",
-                          f"box {coords} is outside the image [0, {width}] x [0, {height}]")
+        raise _FieldError(
+            f"{name}.bbox_2d", f"box {coords} is outside the image [0, {width}] x [0, {height}]"
+        )
     label = value.get("label", "")
     if not isinstance(label, str):
         raise _FieldError(f"{name}.label", f"must be a string, got {json.dumps(label)}")
@@ -129,8 +130,10 @@ def parse_ground_truth(value: Any, task: str, width: int, height: int, base_dir:
         raise _FieldError("ground_truth", f"must be an object, got {json.dumps(value)}")
     allowed = GROUND_TRUTH_OF_TASK[task]
     if len(value) != 1:
-        raise _FieldError("ground_truth", f"must have exactly one key of {list(allowed)}, got {sorted(value)}")
-    (kind, body), = value.items()
+        raise _FieldError(
+            "ground_truth", f"must have exactly one key of {list(allowed)}, got {sorted(value)}"
+        )
+    ((kind, body),) = value.items()
     if kind not in allowed:
         raise _FieldError("ground_truth", f"task {task!r} takes {' or '.join(allowed)}, not {kind!r}")
     name = f"ground_truth.{kind}"
@@ -150,8 +153,11 @@ def parse_ground_truth(value: Any, task: str, width: int, height: int, base_dir:
     # contact_action (the only kind left in GROUND_TRUTH_OF_TASK)
     if not isinstance(body, dict) or set(body) != {"point_2d", "up", "forward"}:
         raise _FieldError(name, 'must be an object with exactly "point_2d", "up" and "forward"')
-    return ContactAction(point=_xy(body["point_2d"], f"{name}.point_2d", width, height),
-                         up=_vec3(body["up"], f"{name}.up"), forward=_vec3(body["forward"], f"{name}.forward"))
+    return ContactAction(
+        point=_xy(body["point_2d"], f"{name}.point_2d", width, height),
+        up=_vec3(body["up"], f"{name}.up"),
+        forward=_vec3(body["forward"], f"{name}.forward"),
+    )
 
 
 def record_from_json(obj: Any, base_dir: Path) -> Record:
@@ -178,9 +184,17 @@ def record_from_json(obj: Any, base_dir: Path) -> Record:
     if not isinstance(meta, dict):
         raise _FieldError("meta", f"must be an object, got {json.dumps(meta)}")
     gt = parse_ground_truth(obj["ground_truth"], obj["task"], obj["width"], obj["height"], base_dir)
-    return Record(id=obj["id"], image=_resolve(obj["image"], base_dir), task=obj["task"], prompt=obj["prompt"],
-                  width=obj["width"], height=obj["height"], ground_truth=gt, split=obj.get("split", "train"),
-                  meta=meta)
+    return Record(
+        id=obj["id"],
+        image=_resolve(obj["image"], base_dir),
+        task=obj["task"],
+        prompt=obj["prompt"],
+        width=obj["width"],
+        height=obj["height"],
+        ground_truth=gt,
+        split=obj.get("split", "train"),
+        meta=meta,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -209,7 +223,9 @@ def load_records(path: str | Path) -> LoadReport:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
-            report.errors.append(RecordError(f"{path}:{line_no}: invalid JSON: {err.msg} at column {err.colno}"))
+            report.errors.append(
+                RecordError(f"{path}:{line_no}: invalid JSON: {err.msg} at column {err.colno}")
+            )
             continue
         where = _where(path, line_no, obj)
         try:
@@ -218,8 +234,9 @@ def load_records(path: str | Path) -> LoadReport:
             report.errors.append(RecordError(f"{where}: {err}"))
             continue
         if record.id in first_line_of_id:
-            report.errors.append(RecordError(f"{where}: id: duplicate id, first used on line "
-                                             f"{first_line_of_id[record.id]}"))
+            report.errors.append(
+                RecordError(f"{where}: id: duplicate id, first used on line {first_line_of_id[record.id]}")
+            )
             continue
         first_line_of_id[record.id] = line_no
         report.records.append(record)
@@ -236,8 +253,13 @@ def read_records(path: str | Path, *, skip_bad: bool = False) -> list[Record]:
     if report.errors and not skip_bad:
         raise report.errors[0]
     if report.errors:
-        log.warning("%s: skipped %d bad line(s) of %d; first: %s", report.path, report.skipped,
-                    report.skipped + len(report.records), report.errors[0])
+        log.warning(
+            "%s: skipped %d bad line(s) of %d; first: %s",
+            report.path,
+            report.skipped,
+            report.skipped + len(report.records),
+            report.errors[0],
+        )
     return report.records
 
 

@@ -64,7 +64,9 @@ def ground_truth_to_json(gt: GroundTruth) -> dict[str, Any]:
     if isinstance(gt, MaskRef):
         return {"mask": gt.path}
     if isinstance(gt, ContactAction):
-        return {"contact_action": {"point_2d": list(gt.point), "up": list(gt.up), "forward": list(gt.forward)}}
+        return {
+            "contact_action": {"point_2d": list(gt.point), "up": list(gt.up), "forward": list(gt.forward)}
+        }
     raise TypeError(f"not a ground truth: {gt!r}")
 
 

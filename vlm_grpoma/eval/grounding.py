@@ -134,8 +134,9 @@ class EvalReport:
             "seconds": round(self.seconds, 3),
             "format_rate": sum(p.formatted for p in self.predictions) / n if n else None,
             "parse_rate": sum(p.failure is None for p in self.predictions) / n if n else None,
-            "tasks": {name: {k: v for k, v in asdict(t).items() if k != "task"}
-                      for name, t in self.tasks.items()},
+            "tasks": {
+                name: {k: v for k, v in asdict(t).items() if k != "task"} for name, t in self.tasks.items()
+            },
             "notes": self.notes,
         }
 
@@ -165,23 +166,30 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 #: A task scorer: (record, valid answer or None) pairs -> per-pair scores, aggregate metrics, notes.
-Scorer = Callable[[Sequence[tuple[Record, Answer | None]], Sequence[int]],
-                  tuple[list[dict[str, float]], dict[str, float | None], list[str]]]
+Scorer = Callable[
+    [Sequence[tuple[Record, Answer | None]], Sequence[int]],
+    tuple[list[dict[str, float]], dict[str, float | None], list[str]],
+]
 
 
 def _score_detection(pairs, samples):
     """Per answer: matched IoU score, maximum matches at each threshold, single-box success; then AP."""
     for record, _ in pairs:
         if not isinstance(record.ground_truth, Boxes):
-            raise ValueError(f"record {record.id}: detection evaluation needs box ground truth, got "
-                             f"{type(record.ground_truth).__name__}")
+            raise ValueError(
+                f"record {record.id}: detection evaluation needs box ground truth, got "
+                f"{type(record.ground_truth).__name__}"
+            )
     scores = []
     for record, answer in pairs:
         gt = boxes_array(record.ground_truth)
         pred = boxes_array(answer) if answer is not None else np.zeros((0, 4))
         iou = box_iou(pred, gt)
-        s = {"iou": matched_score(iou).score if answer is not None else 0.0, "gt_boxes": float(len(gt)),
-             "pred_boxes": float(len(pred))}
+        s = {
+            "iou": matched_score(iou).score if answer is not None else 0.0,
+            "gt_boxes": float(len(gt)),
+            "pred_boxes": float(len(pred)),
+        }
         for t in IOU_THRESHOLDS:
             s[f"matched@{t}"] = float(max_matches(iou, t))
         if len(gt) == 1:  # single-box record: REC success of the first predicted box
@@ -202,8 +210,9 @@ def _score_detection(pairs, samples):
     return scores, metrics, notes
 
 
-def _affordance_distances(reward: AffordanceReward, record: Record,
-                          points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _affordance_distances(
+    reward: AffordanceReward, record: Record, points: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(inside [P] bool, distance in pixels [P]) of points to the record's target, as the reward sees it."""
     gt = record.ground_truth
     if isinstance(gt, MaskRef):
@@ -214,8 +223,10 @@ def _affordance_distances(reward: AffordanceReward, record: Record,
     if isinstance(gt, Points) and gt.points:
         dist = distance_to_points(points, np.asarray(gt.points, dtype=np.float64))
         return dist <= reward.radii(record)[0], dist
-    raise ValueError(f"record {record.id}: affordance evaluation needs a mask, boxes or >= 1 point as ground "
-                     f"truth, got {gt!r:.80}")
+    raise ValueError(
+        f"record {record.id}: affordance evaluation needs a mask, boxes or >= 1 point as ground "
+        f"truth, got {gt!r:.80}"
+    )
 
 
 def _score_affordance(pairs, samples):
@@ -233,9 +244,11 @@ def _score_affordance(pairs, samples):
         distance = float(np.minimum(dist, diagonal).mean())
         scores.append({"accuracy": float(inside.mean()), "distance_px": distance})
     valid = [s for s, (_, a) in zip(scores, pairs) if a is not None]
-    metrics = {"accuracy": _mean([s["accuracy"] for s in scores]),
-               "mean_distance_px": _mean([s["distance_px"] for s in scores]),
-               "mean_distance_px_valid": _mean([s["distance_px"] for s in valid])}
+    metrics = {
+        "accuracy": _mean([s["accuracy"] for s in scores]),
+        "mean_distance_px": _mean([s["distance_px"] for s in scores]),
+        "mean_distance_px_valid": _mean([s["distance_px"] for s in valid]),
+    }
     return scores, metrics, []
 
 
@@ -243,8 +256,10 @@ def _score_trajectory(pairs, samples):
     """Per answer: DFD, Hausdorff and RMSE of the normalised, resampled polylines."""
     for record, _ in pairs:
         if not isinstance(record.ground_truth, Trajectory) or len(record.ground_truth.points) < 2:
-            raise ValueError(f"record {record.id}: trajectory evaluation needs a ground-truth trajectory of "
-                             f">= 2 points, got {record.ground_truth!r:.80}")
+            raise ValueError(
+                f"record {record.id}: trajectory evaluation needs a ground-truth trajectory of "
+                f">= 2 points, got {record.ground_truth!r:.80}"
+            )
     valid = [i for i, (_, a) in enumerate(pairs) if a is not None]
     sizes = np.array([(pairs[i][0].width, pairs[i][0].height) for i in valid], dtype=np.float64)
     sizes = sizes.reshape(-1, 2)
@@ -263,12 +278,16 @@ def _score_trajectory(pairs, samples):
     return scores, metrics, []
 
 
-SCORERS: dict[str, Scorer] = {"detection": _score_detection, "affordance": _score_affordance,
-                              "trajectory": _score_trajectory}
+SCORERS: dict[str, Scorer] = {
+    "detection": _score_detection,
+    "affordance": _score_affordance,
+    "trajectory": _score_trajectory,
+}
 
 
-def coco_ap(pairs: Sequence[tuple[Record, Boxes | None]],
-            samples: Sequence[int]) -> tuple[dict[str, float | None], list[str]]:
+def coco_ap(
+    pairs: Sequence[tuple[Record, Boxes | None]], samples: Sequence[int]
+) -> tuple[dict[str, float | None], list[str]]:
     """COCO AP, AP50, AP75 (pycocotools COCOeval, bbox) of the detection pairs, averaged over sample indices.
 
     Categories are the ground-truth labels. A predicted box counts in the category its label names; an
@@ -291,23 +310,42 @@ def coco_ap(pairs: Sequence[tuple[Record, Boxes | None]],
     per_sample: list[list[float]] = []
     for s in sorted(set(samples)):
         chosen = [pair for pair, k in zip(pairs, samples) if k == s]
-        gt_json: dict[str, list] = {"images": [], "annotations": [],
-                                    "categories": [{"id": c, "name": n} for n, c in category.items()]}
+        gt_json: dict[str, list] = {
+            "images": [],
+            "annotations": [],
+            "categories": [{"id": c, "name": n} for n, c in category.items()],
+        }
         detections = []
         for image_id, (record, answer) in enumerate(chosen, start=1):
             gt_json["images"].append({"id": image_id, "width": record.width, "height": record.height})
             for b in record.ground_truth.boxes:
                 w, h = b.x2 - b.x1, b.y2 - b.y1
-                gt_json["annotations"].append({"id": len(gt_json["annotations"]) + 1, "image_id": image_id,
-                                               "category_id": category[b.label], "bbox": [b.x1, b.y1, w, h],
-                                               "area": w * h, "iscrowd": 0})
+                gt_json["annotations"].append(
+                    {
+                        "id": len(gt_json["annotations"]) + 1,
+                        "image_id": image_id,
+                        "category_id": category[b.label],
+                        "bbox": [b.x1, b.y1, w, h],
+                        "area": w * h,
+                        "iscrowd": 0,
+                    }
+                )
             record_labels = {b.label for b in record.ground_truth.boxes}
             for b in answer.boxes if answer is not None else ():
-                label = b.label if b.label in category else (
-                    next(iter(record_labels)) if not b.label and len(record_labels) == 1 else None)
+                label = (
+                    b.label
+                    if b.label in category
+                    else (next(iter(record_labels)) if not b.label and len(record_labels) == 1 else None)
+                )
                 if label is not None:
-                    detections.append({"image_id": image_id, "category_id": category[label],
-                                       "bbox": [b.x1, b.y1, b.x2 - b.x1, b.y2 - b.y1], "score": 1.0})
+                    detections.append(
+                        {
+                            "image_id": image_id,
+                            "category_id": category[label],
+                            "bbox": [b.x1, b.y1, b.x2 - b.x1, b.y2 - b.y1],
+                            "score": 1.0,
+                        }
+                    )
         if not detections:  # COCO.loadRes rejects an empty list; no detections means AP 0
             per_sample.append([0.0, 0.0, 0.0])
             continue
@@ -322,7 +360,8 @@ def coco_ap(pairs: Sequence[tuple[Record, Boxes | None]],
         per_sample.append([max(0.0, float(v)) for v in evaluator.stats[:3]])  # -1 = no ground truth
     ap, ap50, ap75 = np.mean(per_sample, axis=0).tolist()
     return {"ap": ap, "ap50": ap50, "ap75": ap75}, [
-        "COCO AP with every predicted box scored 1.0 (no confidences): a lower bound of ranked-prediction AP"]
+        "COCO AP with every predicted box scored 1.0 (no confidences): a lower bound of ranked-prediction AP"
+    ]
 
 
 def _failure(answer: Answer | ParseError, task: str) -> str | None:
@@ -335,11 +374,19 @@ def score_predictions(predictions: Sequence[Prediction], samples: int = 1, greed
     by_task: dict[str, list[int]] = {}
     for i, p in enumerate(predictions):
         if p.record.task not in SCORERS:
-            raise ValueError(f"record {p.record.id}: task {p.record.task!r} is not a grounding task "
-                             f"({', '.join(GROUNDING_TASKS)}); evaluate manipulation with manip-eval")
+            raise ValueError(
+                f"record {p.record.id}: task {p.record.task!r} is not a grounding task "
+                f"({', '.join(GROUNDING_TASKS)}); evaluate manipulation with manip-eval"
+            )
         by_task.setdefault(p.record.task, []).append(i)
-    fmt = FormatReward().score([Completion(p.answer, p.thought_text, p.answer_text) for p in predictions],
-                               [p.record for p in predictions]).total
+    fmt = (
+        FormatReward()
+        .score(
+            [Completion(p.answer, p.thought_text, p.answer_text) for p in predictions],
+            [p.record for p in predictions],
+        )
+        .total
+    )
     failures = [_failure(p.answer, p.record.task) for p in predictions]
     scored: list[ScoredPrediction | None] = [None] * len(predictions)
     tasks = {}
@@ -353,10 +400,15 @@ def score_predictions(predictions: Sequence[Prediction], samples: int = 1, greed
             scored[i] = ScoredPrediction(predictions[i], failures[i], bool(fmt[i]), s)
         reasons = Counter(failures[i] for i in idx if failures[i])
         tasks[task] = TaskMetrics(
-            task=task, records=len({predictions[i].record.id for i in idx}), predictions=len(idx),
+            task=task,
+            records=len({predictions[i].record.id for i in idx}),
+            predictions=len(idx),
             format_rate=float(np.mean([fmt[i] for i in idx])),
             parse_rate=sum(failures[i] is None for i in idx) / len(idx),
-            failures=dict(sorted(reasons.items())), metrics=metrics, notes=notes)
+            failures=dict(sorted(reasons.items())),
+            metrics=metrics,
+            notes=notes,
+        )
     return EvalReport(tasks, scored, samples, greedy)  # type: ignore[arg-type]
 
 
@@ -370,16 +422,25 @@ def sampling_params(rollout: RolloutConfig, greedy: bool, samples: int, seed: in
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     if greedy and samples != 1:
-        raise ValueError(f"greedy decoding gives one completion per record; got samples={samples} "
-                         "(use greedy=False to sample several)")
-    return SamplingParams(num_thoughts=samples, answers_per_thought=1,
-                          temperature=0.0 if greedy else rollout.temperature, top_p=rollout.top_p,
-                          top_k=rollout.top_k, max_thought_tokens=rollout.max_thought_tokens,
-                          max_answer_tokens=rollout.max_answer_tokens, seed=seed)
+        raise ValueError(
+            f"greedy decoding gives one completion per record; got samples={samples} "
+            "(use greedy=False to sample several)"
+        )
+    return SamplingParams(
+        num_thoughts=samples,
+        answers_per_thought=1,
+        temperature=0.0 if greedy else rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        max_thought_tokens=rollout.max_thought_tokens,
+        max_answer_tokens=rollout.max_answer_tokens,
+        seed=seed,
+    )
 
 
-def generate_predictions(model: Any, adapter: Any, records: Sequence[Record], params: Any,
-                         batch_size: int = 8) -> list[Prediction]:
+def generate_predictions(
+    model: Any, adapter: Any, records: Sequence[Record], params: Any, batch_size: int = 8
+) -> list[Prediction]:
     """Sample ``params.num_thoughts`` completions per record with the transformers engine, batch by batch."""
     from vlm_grpoma.rollout.hf import HFRolloutEngine
 
@@ -388,19 +449,31 @@ def generate_predictions(model: Any, adapter: Any, records: Sequence[Record], pa
     engine = HFRolloutEngine.for_adapter(model, adapter)
     out = []
     for start in range(0, len(records), batch_size):
-        chunk = records[start:start + batch_size]
+        chunk = records[start : start + batch_size]
         tree = engine.sample(adapter.build_inputs(chunk), replace(params, seed=params.seed + start))
         completions = tree.completions()  # thought + answer: a real vocabulary can split a tag across them
         for b, record in enumerate(chunk):
             for k in range(params.num_thoughts):
                 answer = adapter.parse_answer(completions[b][k][0], record)
-                out.append(Prediction(record, k, tree.thought_texts[b][k], tree.answer_texts[b][k][0], answer))
+                out.append(
+                    Prediction(record, k, tree.thought_texts[b][k], tree.answer_texts[b][k][0], answer)
+                )
     return out
 
 
-def evaluate(model: Any, adapter: Any, records: Sequence[Record], *, greedy: bool = True, samples: int = 1,
-             batch_size: int = 8, seed: int = 0, out_dir: str | Path | None = None, overlays: int = 16,
-             rollout: RolloutConfig | None = None) -> EvalReport:
+def evaluate(
+    model: Any,
+    adapter: Any,
+    records: Sequence[Record],
+    *,
+    greedy: bool = True,
+    samples: int = 1,
+    batch_size: int = 8,
+    seed: int = 0,
+    out_dir: str | Path | None = None,
+    overlays: int = 16,
+    rollout: RolloutConfig | None = None,
+) -> EvalReport:
     """Run the model over ``records`` and score it; with ``out_dir`` also write the report files.
 
     ``rollout`` supplies the token budgets and, for sampled decoding, temperature / top-p / top-k (defaults:
@@ -408,8 +481,10 @@ def evaluate(model: Any, adapter: Any, records: Sequence[Record], *, greedy: boo
     """
     for record in records:
         if record.task not in SCORERS:
-            raise ValueError(f"record {record.id}: task {record.task!r} is not a grounding task; "
-                             "evaluate manipulation with manip-eval")
+            raise ValueError(
+                f"record {record.id}: task {record.task!r} is not a grounding task; "
+                "evaluate manipulation with manip-eval"
+            )
     start = time.perf_counter()
     params = sampling_params(rollout or RolloutConfig(), greedy, samples, seed)
     predictions = generate_predictions(model, adapter, records, params, batch_size)
@@ -432,8 +507,14 @@ def markdown_report(report: EvalReport, title: str = "Grounding evaluation") -> 
     mode = "greedy" if report.greedy else f"sampled, mean over {report.samples} samples"
     lines = [f"# {title}", "", f"{len(report.predictions)} predictions ({mode}), {report.seconds:.1f} s.", ""]
     for name, t in report.tasks.items():
-        lines += [f"## {name} ({t.records} records)", "", "| metric | value |", "|---|---:|",
-                  f"| format rate | {_fmt(t.format_rate)} |", f"| parse rate | {_fmt(t.parse_rate)} |"]
+        lines += [
+            f"## {name} ({t.records} records)",
+            "",
+            "| metric | value |",
+            "|---|---:|",
+            f"| format rate | {_fmt(t.format_rate)} |",
+            f"| parse rate | {_fmt(t.parse_rate)} |",
+        ]
         lines += [f"| {key} | {_fmt(value)} |" for key, value in t.metrics.items()]
         lines.append("")
         if t.failures:
@@ -446,21 +527,30 @@ def markdown_report(report: EvalReport, title: str = "Grounding evaluation") -> 
 
 def _prediction_json(p: ScoredPrediction) -> dict[str, Any]:
     answer = p.prediction.answer
-    return {"id": p.prediction.record.id, "task": p.prediction.record.task, "sample": p.prediction.sample,
-            "thought": p.prediction.thought_text, "answer_text": p.prediction.answer_text,
-            "parsed": None if p.failure else answer_to_json(answer), "failure": p.failure,
-            "failure_detail": answer.detail if isinstance(answer, ParseError) else "",
-            "formatted": p.formatted, "scores": p.scores}
+    return {
+        "id": p.prediction.record.id,
+        "task": p.prediction.record.task,
+        "sample": p.prediction.sample,
+        "thought": p.prediction.thought_text,
+        "answer_text": p.prediction.answer_text,
+        "parsed": None if p.failure else answer_to_json(answer),
+        "failure": p.failure,
+        "failure_detail": answer.detail if isinstance(answer, ParseError) else "",
+        "formatted": p.formatted,
+        "scores": p.scores,
+    }
 
 
 def overlay_sample(report: EvalReport, n: int) -> list[ScoredPrediction]:
     """Up to ``n`` first-sample predictions, taken round-robin over tasks in record order."""
-    queues = [[p for p in report.predictions if p.prediction.record.task == t and p.prediction.sample == 0]
-              for t in report.tasks]
+    queues = [
+        [p for p in report.predictions if p.prediction.record.task == t and p.prediction.sample == 0]
+        for t in report.tasks
+    ]
     chosen: list[ScoredPrediction] = []
     for rank in range(max((len(q) for q in queues), default=0)):
         chosen += [q[rank] for q in queues if rank < len(q)]
-    return chosen[:max(0, n)]
+    return chosen[: max(0, n)]
 
 
 def _safe_name(text: str) -> str:
@@ -475,8 +565,9 @@ def render_overlay(p: ScoredPrediction):
     mask = load_mask(record) if isinstance(record.ground_truth, MaskRef) else None
     caption = f"{record.id} [{record.task}] {record.prompt}\n{p.summary()}"
     answer = None if p.failure else p.prediction.answer
-    return draw_overlay(load_image(record), record.ground_truth, answer, caption, mask,
-                        failed=p.failure is not None)
+    return draw_overlay(
+        load_image(record), record.ground_truth, answer, caption, mask, failed=p.failure is not None
+    )
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -485,15 +576,20 @@ def _write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_report(report: EvalReport, out_dir: Path, overlays: int = 16,
-                 meta: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_report(
+    report: EvalReport, out_dir: Path, overlays: int = 16, meta: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Write metrics.json, report.md, predictions.jsonl and overlays/*.png under ``out_dir``; returns paths.
 
     ``meta`` (checkpoint, split, ...) is written at the top of metrics.json.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    files: dict[str, Any] = {"metrics": out_dir / "metrics.json", "report": out_dir / "report.md",
-                             "predictions": out_dir / "predictions.jsonl", "overlays": []}
+    files: dict[str, Any] = {
+        "metrics": out_dir / "metrics.json",
+        "report": out_dir / "report.md",
+        "predictions": out_dir / "predictions.jsonl",
+        "overlays": [],
+    }
     for i, p in enumerate(overlay_sample(report, overlays)):
         name = f"{i:03d}-{_safe_name(p.prediction.record.id)}.png"
         files["overlays"].append(save_overlay(render_overlay(p), out_dir / "overlays" / name))
@@ -531,8 +627,9 @@ def main(args: argparse.Namespace) -> int:
     in_split = [r for r in records if r.split == args.split]
     if not in_split:
         splits = ", ".join(sorted({r.split for r in records})) or "none"
-        raise CommandError(f"--split {args.split}: no records in {config.data.eval_path} "
-                           f"(splits there: {splits})")
+        raise CommandError(
+            f"--split {args.split}: no records in {config.data.eval_path} (splits there: {splits})"
+        )
     chosen = [r for r in in_split if r.task in SCORERS]
     notes = []
     if len(chosen) < len(in_split):
@@ -544,19 +641,42 @@ def main(args: argparse.Namespace) -> int:
     loaded = load_model(replace(config.model, name_or_path=str(checkpoint)))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = loaded.model.to(device).eval()
-    print(f"evaluating {checkpoint} on {len(chosen)} {args.split} records "
-          f"({'greedy' if samples == 1 else f'{samples} samples each'}) on {device}")
-    report = evaluate(model, loaded.adapter, chosen, greedy=samples == 1, samples=samples, seed=config.seed,
-                      rollout=config.rollout)
+    print(
+        f"evaluating {checkpoint} on {len(chosen)} {args.split} records "
+        f"({'greedy' if samples == 1 else f'{samples} samples each'}) on {device}"
+    )
+    report = evaluate(
+        model,
+        loaded.adapter,
+        chosen,
+        greedy=samples == 1,
+        samples=samples,
+        seed=config.seed,
+        rollout=config.rollout,
+    )
     report.notes += notes
     meta = {"checkpoint": str(checkpoint), "split": args.split, "eval_path": config.data.eval_path}
     files = write_report(report, out_dir, int(getattr(args, "overlays", 16)), meta)
     print(markdown_report(report), end="")
-    print(f"metrics: {files['metrics']}\nreport: {files['report']}\npredictions: {files['predictions']}\n"
-          f"overlays: {len(files['overlays'])} PNG(s) in {out_dir / 'overlays'}")
+    print(
+        f"metrics: {files['metrics']}\nreport: {files['report']}\npredictions: {files['predictions']}\n"
+        f"overlays: {len(files['overlays'])} PNG(s) in {out_dir / 'overlays'}"
+    )
     return 0
 
 
-__all__ = ["EvalReport", "Prediction", "ScoredPrediction", "TaskMetrics", "coco_ap", "evaluate",
-           "generate_predictions", "main", "markdown_report", "max_matches", "sampling_params",
-           "score_predictions", "write_report"]
+__all__ = [
+    "EvalReport",
+    "Prediction",
+    "ScoredPrediction",
+    "TaskMetrics",
+    "coco_ap",
+    "evaluate",
+    "generate_predictions",
+    "main",
+    "markdown_report",
+    "max_matches",
+    "sampling_params",
+    "score_predictions",
+    "write_report",
+]

@@ -40,7 +40,9 @@ def random_action(spec: EpisodeSpec, seed: int, index: int) -> ContactAction:
     return ContactAction(point, tuple(float(v) for v in up), tuple(float(v) for v in forward))
 
 
-def sample_episodes(pool: SimPool, split: str, episodes: int, seed: int) -> list[tuple[EpisodeSpec, ContactAction]]:
+def sample_episodes(
+    pool: SimPool, split: str, episodes: int, seed: int
+) -> list[tuple[EpisodeSpec, ContactAction]]:
     results = pool.map([("sample", (split, i, seed), {}) for i in range(episodes)])
     for i, r in enumerate(results):
         if not isinstance(r, tuple):
@@ -48,39 +50,57 @@ def sample_episodes(pool: SimPool, split: str, episodes: int, seed: int) -> list
     return results
 
 
-def summarise(policy: str, split: str, seed: int, specs: list[EpisodeSpec], actions: list,
-              outcomes: list[Outcome]) -> dict:
+def summarise(
+    policy: str, split: str, seed: int, specs: list[EpisodeSpec], actions: list, outcomes: list[Outcome]
+) -> dict:
     per_category: dict[str, list[bool]] = defaultdict(list)
     for spec, outcome in zip(specs, outcomes):
         per_category[spec.category].append(outcome.success)
-    rows = {c: {"episodes": len(v), "successes": int(sum(v)), "success_rate": float(np.mean(v))}
-            for c, v in per_category.items()}
+    rows = {
+        c: {"episodes": len(v), "successes": int(sum(v)), "success_rate": float(np.mean(v))}
+        for c, v in per_category.items()
+    }
     successes = sum(o.success for o in outcomes)
     return {
-        "policy": policy, "split": split, "seed": seed,
+        "policy": policy,
+        "split": split,
+        "seed": seed,
         "per_category": rows,
-        "aggregate": {"episodes": len(outcomes), "successes": int(successes),
-                      "success_rate": successes / max(1, len(outcomes))},
+        "aggregate": {
+            "episodes": len(outcomes),
+            "successes": int(successes),
+            "success_rate": successes / max(1, len(outcomes)),
+        },
         "failures": dict(Counter(o.failure for o in outcomes if o.failure)),
         "mean_joint_progress": float(np.mean([o.progress for o in outcomes])) if outcomes else 0.0,
         "episodes": [
-            {"category": s.category, "object_seed": s.seed, "target_link": s.target_link,
-             "point_2d": list(a.point) if isinstance(a, ContactAction) else None, "success": o.success, "failure": o.failure, "delta_q": o.delta_q,
-             "direction_cos": o.direction_cos}
+            {
+                "category": s.category,
+                "object_seed": s.seed,
+                "target_link": s.target_link,
+                "point_2d": list(a.point) if isinstance(a, ContactAction) else None,
+                "success": o.success,
+                "failure": o.failure,
+                "delta_q": o.delta_q,
+                "direction_cos": o.direction_cos,
+            }
             for s, a, o in zip(specs, actions, outcomes)
         ],
     }
 
 
-def model_actions(checkpoint: str, split: str, seed: int, sampled: list, image_dir: Path,
-                  config: Config | None = None) -> list:
+def model_actions(
+    checkpoint: str, split: str, seed: int, sampled: list, image_dir: Path, config: Config | None = None
+) -> list:
     """Greedy ContactAction (or ParseError) of a checkpoint for each episode, from its rendered image, through
     the model adapter and the transformers rollout engine (the same path as training and grounding eval).
 
     ``config``: the run config the checkpoint was trained with — its model settings (pixel bounds, prompt
     style, which fix the coordinate frame) and rollout budgets; defaults otherwise."""
     if not checkpoint or not Path(checkpoint).is_dir():
-        raise CommandError(f"--policy model needs --checkpoint DIR (a Hugging Face model folder), got {checkpoint!r}")
+        raise CommandError(
+            f"--policy model needs --checkpoint DIR (a Hugging Face model folder), got {checkpoint!r}"
+        )
     ok, reason = rendering_status(in_process=True)
     if not ok:
         raise CommandError(f"--policy model needs rendered images but rendering is unavailable: {reason}")
@@ -88,29 +108,44 @@ def model_actions(checkpoint: str, split: str, seed: int, sampled: list, image_d
     from vlm_grpoma.eval.grounding import generate_predictions, sampling_params
     from vlm_grpoma.models.registry import load_model
 
-    records = [render_record("manipulation", f"manip-eval-{split}-{seed}-{i:06d}", split, spec, oracle, image_dir)
-               for i, (spec, oracle) in enumerate(sampled)]
+    records = [
+        render_record("manipulation", f"manip-eval-{split}-{seed}-{i:06d}", split, spec, oracle, image_dir)
+        for i, (spec, oracle) in enumerate(sampled)
+    ]
     records = [replace(r, image=str(image_dir / r.image)) for r in records]
     config = config or Config(model=ModelConfig(dtype="float32"))
     loaded = load_model(replace(config.model, name_or_path=checkpoint))
     loaded.model.eval()
-    predictions = generate_predictions(loaded.model, loaded.adapter, records,
-                                       sampling_params(config.rollout, True, 1, seed))
+    predictions = generate_predictions(
+        loaded.model, loaded.adapter, records, sampling_params(config.rollout, True, 1, seed)
+    )
     return [p.answer for p in predictions]
 
 
-def evaluate(policy: str, split: str, episodes: int, seed: int, workers: int, checkpoint: str = "",
-             image_dir: Path | None = None, config: Config | None = None) -> tuple[dict, list]:
+def evaluate(
+    policy: str,
+    split: str,
+    episodes: int,
+    seed: int,
+    workers: int,
+    checkpoint: str = "",
+    image_dir: Path | None = None,
+    config: Config | None = None,
+) -> tuple[dict, list]:
     """Sample, act, execute; returns the result dict and the (spec, action, outcome) triples. An answer the
     model got wrong in form is a failed episode with reason ``parse:<reason>``."""
     with SimPool(workers) as pool:
         sampled = sample_episodes(pool, split, episodes, seed)
         specs = [spec for spec, _ in sampled]
         if policy == "model":
-            actions = model_actions(checkpoint, split, seed, sampled, image_dir or Path("manip-eval-images"), config)
+            actions = model_actions(
+                checkpoint, split, seed, sampled, image_dir or Path("manip-eval-images"), config
+            )
         else:
-            actions = [oracle if policy == "oracle" else random_action(spec, seed, i)
-                       for i, (spec, oracle) in enumerate(sampled)]
+            actions = [
+                oracle if policy == "oracle" else random_action(spec, seed, i)
+                for i, (spec, oracle) in enumerate(sampled)
+            ]
         valid = [i for i, a in enumerate(actions) if isinstance(a, ContactAction)]
         executed = pool.execute([(specs[i], actions[i]) for i in valid])
     outcomes = [Outcome.failed(f"parse:{a.reason}") if isinstance(a, ParseError) else None for a in actions]
@@ -139,9 +174,16 @@ def main(args: argparse.Namespace) -> int:
         raise CommandError(f"--workers must be >= 0, got {args.workers}")
     start = time.perf_counter()
     out = Path(args.out)
-    result, triples = evaluate(args.policy, args.split, args.episodes, args.seed, args.workers,
-                               checkpoint=args.checkpoint, image_dir=out.with_name(out.stem + "_images"),
-                               config=getattr(args, "config_obj", None))
+    result, triples = evaluate(
+        args.policy,
+        args.split,
+        args.episodes,
+        args.seed,
+        args.workers,
+        checkpoint=args.checkpoint,
+        image_dir=out.with_name(out.stem + "_images"),
+        config=getattr(args, "config_obj", None),
+    )
     result["seconds"] = round(time.perf_counter() - start, 2)
     out.parent.mkdir(parents=True, exist_ok=True)
     grid = render_grid(triples, out.with_suffix(".png"))
@@ -150,5 +192,8 @@ def main(args: argparse.Namespace) -> int:
     table = success_table(result)
     out.with_suffix(".md").write_text(table)
     print(table, end="")
-    print(f"wrote {out}, {out.with_suffix('.md')}" + (f", {grid}" if grid else " (no grid: rendering unavailable)"))
+    print(
+        f"wrote {out}, {out.with_suffix('.md')}"
+        + (f", {grid}" if grid else " (no grid: rendering unavailable)")
+    )
     return 0

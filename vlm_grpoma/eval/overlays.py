@@ -46,8 +46,14 @@ def _tint(image: Image.Image, mask: np.ndarray, scale: int, colour: tuple[int, i
     return Image.fromarray(rgb.round().astype(np.uint8), "RGB")
 
 
-def _draw_answer(draw: ImageDraw.ImageDraw, answer: Answer | GroundTruth, scale: int,
-                 colour: tuple[int, int, int], font: ImageFont.ImageFont, ground_truth: bool) -> None:
+def _draw_answer(
+    draw: ImageDraw.ImageDraw,
+    answer: Answer | GroundTruth,
+    scale: int,
+    colour: tuple[int, int, int],
+    font: ImageFont.ImageFont,
+    ground_truth: bool,
+) -> None:
     """Boxes as rectangles (with labels), points as crosses (ground truth) or discs, polylines as lines."""
     r = max(3, 2 * scale)
     if isinstance(answer, Boxes):
@@ -72,8 +78,14 @@ def _draw_answer(draw: ImageDraw.ImageDraw, answer: Answer | GroundTruth, scale:
         draw.ellipse([x1 - r, y1 - r, x1 + r, y1 + r], fill=colour)  # end: disc
 
 
-def draw_overlay(image: Image.Image, ground_truth: GroundTruth, answer: Answer | None, caption: str,
-                 mask: np.ndarray | None = None, failed: bool = False) -> Image.Image:
+def draw_overlay(
+    image: Image.Image,
+    ground_truth: GroundTruth,
+    answer: Answer | None,
+    caption: str,
+    mask: np.ndarray | None = None,
+    failed: bool = False,
+) -> Image.Image:
     """The overlay of one prediction: ``mask`` (the ground-truth region, [H, W] bool) is tinted and outlined,
     ``answer`` None (a failed parse) draws only the ground truth. ``caption`` may hold two lines."""
     scale = overlay_scale(*image.size)

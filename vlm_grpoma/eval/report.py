@@ -12,15 +12,26 @@ from PIL import Image, ImageDraw
 
 def success_table(result: dict) -> str:
     """Markdown table of a manipulation result: one row per category, then the split's aggregate."""
-    lines = [f"## manip-eval: policy {result['policy']}, split {result['split']}, seed {result['seed']}", "",
-             "| category | episodes | successes | success rate |", "|---|---:|---:|---:|"]
+    lines = [
+        f"## manip-eval: policy {result['policy']}, split {result['split']}, seed {result['seed']}",
+        "",
+        "| category | episodes | successes | success rate |",
+        "|---|---:|---:|---:|",
+    ]
     for name, row in result["per_category"].items():
-        lines.append(f"| {name} | {row['episodes']} | {row['successes']} | {100 * row['success_rate']:.1f} % |")
+        lines.append(
+            f"| {name} | {row['episodes']} | {row['successes']} | {100 * row['success_rate']:.1f} % |"
+        )
     agg = result["aggregate"]
-    lines.append(f"| **{result['split']} (sample-weighted)** | {agg['episodes']} | {agg['successes']} | "
-                 f"**{100 * agg['success_rate']:.1f} %** |")
+    lines.append(
+        f"| **{result['split']} (sample-weighted)** | {agg['episodes']} | {agg['successes']} | "
+        f"**{100 * agg['success_rate']:.1f} %** |"
+    )
     if result.get("failures"):
-        lines += ["", "Failure reasons: " + ", ".join(f"{k} {v}" for k, v in sorted(result["failures"].items()))]
+        lines += [
+            "",
+            "Failure reasons: " + ", ".join(f"{k} {v}" for k, v in sorted(result["failures"].items())),
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -66,7 +66,9 @@ class ModelAdapter(Protocol):
         """The map between this family's coordinate frame and the record's original pixels."""
         ...
 
-    def build_inputs(self, records: Sequence[Record], images: Sequence[Image.Image] | None = None) -> list[PromptInputs]:
+    def build_inputs(
+        self, records: Sequence[Record], images: Sequence[Image.Image] | None = None
+    ) -> list[PromptInputs]:
         """Render, process and tokenise records (images loaded from ``record.image`` unless given)."""
         ...
 
@@ -97,8 +99,8 @@ def collate(
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
         if len(row):
-            ids[i, width - len(row):] = torch.as_tensor(row, dtype=torch.long)
-            mask[i, width - len(row):] = 1
+            ids[i, width - len(row) :] = torch.as_tensor(row, dtype=torch.long)
+            mask[i, width - len(row) :] = 1
     mm_types = (ids == tokens.image_id).long() + 2 * (ids == tokens.video_id).long()
     mm_types = mm_types * mask
     return {

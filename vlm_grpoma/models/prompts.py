@@ -53,15 +53,18 @@ class FrameSpec:
         )
 
 
-def task_instruction(record: Record, frame: FrameSpec, model_width: int, model_height: int,
-                     style: str = "full") -> str:
+def task_instruction(
+    record: Record, frame: FrameSpec, model_width: int, model_height: int, style: str = "full"
+) -> str:
     """The user text for a record: what to do, the JSON shape to answer with, and the coordinate frame.
 
     A prompt that is already a sentence ("Find the red square.", ending in . ? or !) is used as written; a bare
     referring expression ("the red square") gets the task's lead ("Find the red square.").
     """
     if record.task not in TASK_LEADS:
-        raise ValueError(f"record {record.id}: unknown task {record.task!r}; expected one of {sorted(TASK_LEADS)}")
+        raise ValueError(
+            f"record {record.id}: unknown task {record.task!r}; expected one of {sorted(TASK_LEADS)}"
+        )
     prompt = record.prompt.strip()
     lead = prompt if prompt.endswith((".", "?", "!")) else TASK_LEADS[record.task].format(prompt=prompt)
     kind = ANSWER_KIND_OF_TASK[record.task]

@@ -86,8 +86,9 @@ def _rounded(direction: Vec3) -> Vec3:
 class QwenVLAdapter:
     """Adapter for one Qwen-VL family around a loaded processor (see :class:`~vlm_grpoma.models.base.ModelAdapter`)."""
 
-    def __init__(self, family: QwenFamily, processor: Any, min_pixels: int, max_pixels: int,
-                 prompt_style: str = "full") -> None:
+    def __init__(
+        self, family: QwenFamily, processor: Any, min_pixels: int, max_pixels: int, prompt_style: str = "full"
+    ) -> None:
         if min_pixels > max_pixels:
             raise ValueError(f"min_pixels ({min_pixels}) must not exceed max_pixels ({max_pixels})")
         self.family = family
@@ -105,29 +106,43 @@ class QwenVLAdapter:
         """(width, height) of the image the processor sees: qwen-vl-utils' ``smart_resize`` with our bounds."""
         from qwen_vl_utils import smart_resize
 
-        h, w = smart_resize(height, width, factor=self.family.factor,
-                            min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+        h, w = smart_resize(
+            height, width, factor=self.family.factor, min_pixels=self.min_pixels, max_pixels=self.max_pixels
+        )
         return w, h
 
     def frame(self, record: Record) -> CoordinateFrame:
         if self.family.frame_spec.extent is not None:
             return CoordinateFrame.normalised(record.width, record.height, self.family.frame_spec.extent)
-        return CoordinateFrame.resized(record.width, record.height, *self.resized_size(record.width, record.height))
+        return CoordinateFrame.resized(
+            record.width, record.height, *self.resized_size(record.width, record.height)
+        )
 
     # -- prompts -------------------------------------------------------------------------------------------
 
     def messages(self, record: Record, image: Image.Image | None = None) -> list[dict[str, Any]]:
         frame = self.frame(record)
-        text = task_instruction(record, self.family.frame_spec, round(frame.model_width), round(frame.model_height),
-                                self.prompt_style)
-        visual: dict[str, Any] = {"type": "image", "image": image if image is not None else load_image(record),
-                                  "min_pixels": self.min_pixels, "max_pixels": self.max_pixels}
+        text = task_instruction(
+            record,
+            self.family.frame_spec,
+            round(frame.model_width),
+            round(frame.model_height),
+            self.prompt_style,
+        )
+        visual: dict[str, Any] = {
+            "type": "image",
+            "image": image if image is not None else load_image(record),
+            "min_pixels": self.min_pixels,
+            "max_pixels": self.max_pixels,
+        }
         user = {"role": "user", "content": [visual, {"type": "text", "text": text}]}
         if self.prompt_style == "compact":
             return [user]
         return [{"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]}, user]
 
-    def build_inputs(self, records: Sequence[Record], images: Sequence[Image.Image] | None = None) -> list[PromptInputs]:
+    def build_inputs(
+        self, records: Sequence[Record], images: Sequence[Image.Image] | None = None
+    ) -> list[PromptInputs]:
         from qwen_vl_utils import process_vision_info
 
         if images is None:
@@ -139,20 +154,32 @@ class QwenVLAdapter:
             vision, _ = process_vision_info(messages, image_patch_size=self.family.patch_size)
             expected = self.resized_size(record.width, record.height)
             if image.size != (record.width, record.height) or vision[0].size != expected:
-                raise ValueError(f"record {record.id}: image is {image.size[0]}x{image.size[1]}, resized to "
-                                 f"{vision[0].size}, but the record says {record.width}x{record.height} "
-                                 f"(resized {expected})")
+                raise ValueError(
+                    f"record {record.id}: image is {image.size[0]}x{image.size[1]}, resized to "
+                    f"{vision[0].size}, but the record says {record.width}x{record.height} "
+                    f"(resized {expected})"
+                )
             enc = self.processor(text=[text], images=vision, do_resize=False, return_tensors="pt")
-            out.append(PromptInputs(record=record, text=text, image=vision[0], input_ids=enc["input_ids"][0],
-                                    pixel_values=enc["pixel_values"], image_grid_thw=enc["image_grid_thw"],
-                                    frame=self.frame(record)))
+            out.append(
+                PromptInputs(
+                    record=record,
+                    text=text,
+                    image=vision[0],
+                    input_ids=enc["input_ids"][0],
+                    pixel_values=enc["pixel_values"],
+                    image_grid_thw=enc["image_grid_thw"],
+                    frame=self.frame(record),
+                )
+            )
         return out
 
     # -- answers -------------------------------------------------------------------------------------------
 
     def parse_answer(self, text: str, record: Record) -> Answer | ParseError:
         frame = self.frame(record)
-        parsed = parse_answer(text, ANSWER_KIND_OF_TASK[record.task], bounds=(frame.model_width, frame.model_height))
+        parsed = parse_answer(
+            text, ANSWER_KIND_OF_TASK[record.task], bounds=(frame.model_width, frame.model_height)
+        )
         return parsed if isinstance(parsed, ParseError) else frame.to_pixels(parsed)
 
     def format_answer(self, answer: Answer, record: Record) -> str:

@@ -43,7 +43,9 @@ def build_qwen2_tokenizer(wheel: Path | None = None) -> Any:
 
     wheel = wheel or wheel_path()
     if not wheel.is_file():
-        raise FileNotFoundError(f"{wheel}: dashscope wheel not found (the Makefile downloads it into the cache)")
+        raise FileNotFoundError(
+            f"{wheel}: dashscope wheel not found (the Makefile downloads it into the cache)"
+        )
     ranks = _ranks(wheel)
 
     class _Converter(TikTokenConverter):
@@ -54,7 +56,9 @@ def build_qwen2_tokenizer(wheel: Path | None = None) -> Any:
     vocab, merges = _Converter(vocab_file=str(wheel)).extract_vocab_merges_from_model(str(wheel))
     tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, errors="replace")
     for token in SPECIAL_TOKENS[1:]:  # one at a time, so each takes the next id (151644, ...)
-        tokenizer.add_special_tokens({"additional_special_tokens": [token]}, replace_extra_special_tokens=False)
+        tokenizer.add_special_tokens(
+            {"additional_special_tokens": [token]}, replace_extra_special_tokens=False
+        )
     tokenizer.eos_token = "<|im_end|>"
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer

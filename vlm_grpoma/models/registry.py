@@ -19,8 +19,10 @@ def family_for(model_type: str, source: str = "") -> QwenFamily:
     """The family of ``model_type``, or an error naming it and listing the supported ones."""
     if model_type not in FAMILIES:
         where = f" (checkpoint {source})" if source else ""
-        raise UnsupportedModelError(f"unsupported model_type {model_type!r}{where}; supported model types: "
-                                    f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+        raise UnsupportedModelError(
+            f"unsupported model_type {model_type!r}{where}; supported model types: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
     return FAMILIES[model_type]
 
 
@@ -57,6 +59,9 @@ def load_model(config: ModelConfig) -> LoadedModel:
 
     adapter = load_adapter(config)
     model = AutoModelForImageTextToText.from_pretrained(
-        config.name_or_path, dtype=_dtype(config.dtype), attn_implementation=config.attn_implementation,
-        trust_remote_code=config.trust_remote_code)
+        config.name_or_path,
+        dtype=_dtype(config.dtype),
+        attn_implementation=config.attn_implementation,
+        trust_remote_code=config.trust_remote_code,
+    )
     return LoadedModel(model=model, adapter=adapter)

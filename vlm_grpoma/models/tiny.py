@@ -30,9 +30,20 @@ ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 #: Qwen's special tokens in their real id order (151643...), then the plain think/answer tags.
 SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
-    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
 )
 TAG_TOKENS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
 
@@ -90,23 +101,68 @@ MIN_PIXELS, MAX_PIXELS = 56 * 56, 112 * 112
 def _corpus(seed: int, n: int = 3000) -> list[str]:
     """Generated text covering the prompts, tags, JSON answers and numbers the models will read and write."""
     rng = random.Random(seed)
-    words = ["red", "green", "blue", "yellow", "purple", "orange", "white", "black", "large", "small", "square",
-             "circle", "triangle", "drawer", "door", "handle", "cabinet", "object", "left", "right", "top", "bottom",
-             "near", "the", "is", "at", "open", "pull", "push", "grasp", "move", "box", "point", "center"]
-    fixed = [SYSTEM_PROMPT, *ANSWER_FORMATS.values(), *TASK_LEADS.values(),
-             FrameSpec(1000).describe(0, 0), FrameSpec(None).describe(112, 84)]
+    words = [
+        "red",
+        "green",
+        "blue",
+        "yellow",
+        "purple",
+        "orange",
+        "white",
+        "black",
+        "large",
+        "small",
+        "square",
+        "circle",
+        "triangle",
+        "drawer",
+        "door",
+        "handle",
+        "cabinet",
+        "object",
+        "left",
+        "right",
+        "top",
+        "bottom",
+        "near",
+        "the",
+        "is",
+        "at",
+        "open",
+        "pull",
+        "push",
+        "grasp",
+        "move",
+        "box",
+        "point",
+        "center",
+    ]
+    fixed = [
+        SYSTEM_PROMPT,
+        *ANSWER_FORMATS.values(),
+        *TASK_LEADS.values(),
+        FrameSpec(1000).describe(0, 0),
+        FrameSpec(None).describe(112, 84),
+    ]
     texts = fixed * 5
     for _ in range(n):
-        nums = [str(rng.choice([rng.randint(0, 9), rng.randint(10, 99), rng.randint(100, 1000)])) for _ in range(4)]
+        nums = [
+            str(rng.choice([rng.randint(0, 9), rng.randint(10, 99), rng.randint(100, 1000)]))
+            for _ in range(4)
+        ]
         phrase = " ".join(rng.choice(words) for _ in range(rng.randint(2, 6)))
         label = " ".join(rng.choice(words) for _ in range(2))
-        answer = rng.choice([
-            f'[{{"bbox_2d": [{", ".join(nums)}], "label": "{label}"}}]',
-            f'[{{"point_2d": [{nums[0]}, {nums[1]}]}}]',
-            f"[[{nums[0]}, {nums[1]}], [{nums[2]}, {nums[3]}]]",
-            f'{{"point_2d": [{nums[0]}, {nums[1]}], "up": [0.{nums[2]}, -0.{nums[3]}, 1.0], "forward": [1, 0, 0]}}',
-        ])
-        texts.append(f"{THINK_OPEN}{phrase} near ({nums[0]},{nums[1]}){THINK_CLOSE}{ANSWER_OPEN}{answer}{ANSWER_CLOSE}")
+        answer = rng.choice(
+            [
+                f'[{{"bbox_2d": [{", ".join(nums)}], "label": "{label}"}}]',
+                f'[{{"point_2d": [{nums[0]}, {nums[1]}]}}]',
+                f"[[{nums[0]}, {nums[1]}], [{nums[2]}, {nums[3]}]]",
+                f'{{"point_2d": [{nums[0]}, {nums[1]}], "up": [0.{nums[2]}, -0.{nums[3]}, 1.0], "forward": [1, 0, 0]}}',
+            ]
+        )
+        texts.append(
+            f"{THINK_OPEN}{phrase} near ({nums[0]},{nums[1]}){THINK_CLOSE}{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
+        )
         texts.append(TASK_LEADS[rng.choice(list(TASK_LEADS))].format(prompt=phrase))
     return texts
 
@@ -116,12 +172,16 @@ def build_tokenizer(seed: int = 0, vocab_size: int = 512):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
 
-    template = Qwen2Tokenizer()  # only for its pre-tokenizer (Qwen regex + byte level), normalizer and decoder
+    template = (
+        Qwen2Tokenizer()
+    )  # only for its pre-tokenizer (Qwen regex + byte level), normalizer and decoder
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = template.backend_tokenizer.normalizer
     bpe.pre_tokenizer = template.backend_tokenizer.pre_tokenizer
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, show_progress=False, special_tokens=[],
+        vocab_size=vocab_size,
+        show_progress=False,
+        special_tokens=[],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     bpe.train_from_iterator(_corpus(seed), trainer=trainer)
@@ -138,9 +198,15 @@ def build_tokenizer(seed: int = 0, vocab_size: int = 512):
 
 def _special_ids(tokenizer) -> dict[str, int]:
     """The vision token ids a Qwen-VL config names, read from ``tokenizer``."""
-    return {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in (
-        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
+    return {
+        name: tokenizer.convert_tokens_to_ids(tok)
+        for name, tok in (
+            ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"),
+            ("vision_end_token_id", "<|vision_end|>"),
+        )
+    }
 
 
 def build_config(arch: str, preset: TinyPreset, tokenizer):
@@ -148,28 +214,61 @@ def build_config(arch: str, preset: TinyPreset, tokenizer):
     import transformers as tf
 
     vocab = (len(tokenizer) + 63) // 64 * 64
-    rope = {"rope_type": "default", "rope_theta": preset.rope_theta, "mrope_section": list(preset.mrope_section)}
-    text = dict(vocab_size=vocab, hidden_size=preset.hidden, intermediate_size=preset.intermediate,
-                num_hidden_layers=preset.layers, num_attention_heads=preset.heads,
-                num_key_value_heads=preset.kv_heads, max_position_embeddings=4096, rope_parameters=rope,
-                bos_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+    rope = {
+        "rope_type": "default",
+        "rope_theta": preset.rope_theta,
+        "mrope_section": list(preset.mrope_section),
+    }
+    text = dict(
+        vocab_size=vocab,
+        hidden_size=preset.hidden,
+        intermediate_size=preset.intermediate,
+        num_hidden_layers=preset.layers,
+        num_attention_heads=preset.heads,
+        num_key_value_heads=preset.kv_heads,
+        max_position_embeddings=4096,
+        rope_parameters=rope,
+        bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
     v = preset
     if arch == "qwen2_vl":
-        vision = dict(depth=v.vision_depth, embed_dim=v.vision_hidden, hidden_size=v.hidden, num_heads=v.vision_heads,
-                      mlp_ratio=2, patch_size=14)
+        vision = dict(
+            depth=v.vision_depth,
+            embed_dim=v.vision_hidden,
+            hidden_size=v.hidden,
+            num_heads=v.vision_heads,
+            mlp_ratio=2,
+            patch_size=14,
+        )
         cls = tf.Qwen2VLConfig
     elif arch == "qwen2_5_vl":
-        vision = dict(depth=v.vision_depth, hidden_size=v.vision_hidden, intermediate_size=2 * v.vision_hidden,
-                      num_heads=v.vision_heads, out_hidden_size=v.hidden, patch_size=14, window_size=56,
-                      fullatt_block_indexes=[v.vision_depth - 1])
+        vision = dict(
+            depth=v.vision_depth,
+            hidden_size=v.vision_hidden,
+            intermediate_size=2 * v.vision_hidden,
+            num_heads=v.vision_heads,
+            out_hidden_size=v.hidden,
+            patch_size=14,
+            window_size=56,
+            fullatt_block_indexes=[v.vision_depth - 1],
+        )
         cls = tf.Qwen2_5_VLConfig
     elif arch == "qwen3_vl":
         rope["mrope_interleaved"] = True
         text["head_dim"] = v.head_dim
-        vision = dict(depth=v.vision_depth, hidden_size=v.vision_hidden, intermediate_size=2 * v.vision_hidden,
-                      num_heads=v.vision_heads, out_hidden_size=v.hidden, patch_size=16,
-                      num_position_embeddings=64, deepstack_visual_indexes=[0])
+        vision = dict(
+            depth=v.vision_depth,
+            hidden_size=v.vision_hidden,
+            intermediate_size=2 * v.vision_hidden,
+            num_heads=v.vision_heads,
+            out_hidden_size=v.hidden,
+            patch_size=16,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+        )
         cls = tf.Qwen3VLConfig
     else:
         raise ValueError(f"unsupported arch {arch!r}; expected one of {', '.join(ARCHS)}")
@@ -185,8 +284,11 @@ def build_processor(arch: str, tokenizer):
     size = {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}
     image = tf.Qwen2VLImageProcessor(size=size, patch_size=patch, merge_size=2)
     if arch == "qwen3_vl":
-        video = tf.Qwen3VLVideoProcessor(size={"shortest_edge": factor * factor * 4, "longest_edge": MAX_PIXELS * 2},
-                                         patch_size=patch, merge_size=2)
+        video = tf.Qwen3VLVideoProcessor(
+            size={"shortest_edge": factor * factor * 4, "longest_edge": MAX_PIXELS * 2},
+            patch_size=patch,
+            merge_size=2,
+        )
         cls = tf.Qwen3VLProcessor
     else:
         video = tf.Qwen2VLVideoProcessor(size=size, patch_size=patch, merge_size=2)

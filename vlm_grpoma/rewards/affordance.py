@@ -70,8 +70,10 @@ class Mask:
                 arr = arr[..., :-1]
         inside = arr.any(axis=-1) if arr.ndim == 3 else arr != 0
         if inside.shape != (record.height, record.width):
-            raise ValueError(f"record {record.id}: mask {path} is {inside.shape[1]}x{inside.shape[0]}, "
-                             f"image is {record.width}x{record.height}")
+            raise ValueError(
+                f"record {record.id}: mask {path} is {inside.shape[1]}x{inside.shape[0]}, "
+                f"image is {record.width}x{record.height}"
+            )
         if inside.any():
             distance = distance_transform_edt(~inside).astype(np.float32)
         else:
@@ -123,8 +125,13 @@ class AffordanceReward:
 
     name = "affordance"
 
-    def __init__(self, r_in: float = 10.0, r_out: float = 50.0, reference_diagonal: float = 800.0,
-                 mask_cache_mb: float = 512.0) -> None:
+    def __init__(
+        self,
+        r_in: float = 10.0,
+        r_out: float = 50.0,
+        reference_diagonal: float = 800.0,
+        mask_cache_mb: float = 512.0,
+    ) -> None:
         if not 0 <= r_in < r_out:
             raise ValueError(f"affordance reward: need 0 <= r_in < r_out, got r_in={r_in}, r_out={r_out}")
         if reference_diagonal <= 0:
@@ -150,8 +157,10 @@ class AffordanceReward:
             dist = distance_to_points(points, np.asarray(gt.points, dtype=np.float64))
             inside = dist <= r_in
         else:
-            raise ValueError(f"record {record.id}: affordance reward needs a mask, boxes or >= 1 point as "
-                             f"ground truth, got {gt!r:.80}")
+            raise ValueError(
+                f"record {record.id}: affordance reward needs a mask, boxes or >= 1 point as "
+                f"ground truth, got {gt!r:.80}"
+            )
         in_region = float(inside.mean())
         distance = float(linear_shape(dist, r_in, r_out).mean())
         return (distance if isinstance(gt, Points) else in_region), in_region, distance

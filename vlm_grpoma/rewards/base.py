@@ -114,8 +114,10 @@ def build_rewards(weights: dict[str, float], options: dict[str, dict] | None = N
         try:
             built[name] = (weight, build_reward(name, **kwargs))
         except KeyError as err:
-            raise ValueError(f"rewards.weights.{name}: {err.args[0]} (others register when their module "
-                             f"vlm_grpoma.rewards.<name> is imported, e.g. manipulation)") from None
+            raise ValueError(
+                f"rewards.weights.{name}: {err.args[0]} (others register when their module "
+                f"vlm_grpoma.rewards.<name> is imported, e.g. manipulation)"
+            ) from None
         except (TypeError, ValueError) as err:
             raise ValueError(f"rewards.options.{name}: {err}") from None
     return WeightedRewards(built)

@@ -141,12 +141,20 @@ class IoUReward:
         for i in indices:
             gt = records[i].ground_truth
             if not isinstance(gt, Boxes):
-                raise ValueError(f"record {records[i].id}: iou reward needs box ground truth, got {type(gt).__name__}")
+                raise ValueError(
+                    f"record {records[i].id}: iou reward needs box ground truth, got {type(gt).__name__}"
+                )
             gts.append(boxes_array(gt))
         preds = [boxes_array(a) for a in answers]
         score, matched = batch_matched_scores(preds, gts, self.mode, self.threshold)
-        counts = np.array([min(len(p), len(g)) / max(len(p), len(g), 1) if len(p) or len(g) else 1.0
-                           for p, g in zip(preds, gts)])
+        counts = np.array(
+            [
+                min(len(p), len(g)) / max(len(p), len(g), 1) if len(p) or len(g) else 1.0
+                for p, g in zip(preds, gts)
+            ]
+        )
         total, matched_c, count_c = np.zeros(n), np.zeros(n), np.zeros(n)
         total[indices], matched_c[indices], count_c[indices] = score, matched, counts
-        return RewardResult(total.tolist(), {"matched": matched_c.tolist(), "count": count_c.tolist()}, failures)
+        return RewardResult(
+            total.tolist(), {"matched": matched_c.tolist(), "count": count_c.tolist()}, failures
+        )

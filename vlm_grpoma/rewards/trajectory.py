@@ -76,8 +76,8 @@ def frechet_from_distances(d: np.ndarray) -> np.ndarray:
     c[0, 0] = 0.0
     for k in range(n + m - 1):
         lo, hi = max(0, k - m + 1), min(k, n - 1) + 1
-        prev = np.minimum(np.minimum(c[k + 1, lo:hi], c[k + 1, lo + 1:hi + 1]), c[k, lo:hi])
-        c[k + 2, lo + 1:hi + 1] = np.maximum(skew[k, lo:hi], prev)
+        prev = np.minimum(np.minimum(c[k + 1, lo:hi], c[k + 1, lo + 1 : hi + 1]), c[k, lo:hi])
+        c[k + 2, lo + 1 : hi + 1] = np.maximum(skew[k, lo:hi], prev)
     return c[n + m, n]
 
 
@@ -106,16 +106,17 @@ def trajectory_distances(preds: np.ndarray, gts: np.ndarray, chunk: int = 256) -
     """All three metrics for resampled polylines preds, gts [B, n, 2] -> {metric: [B]}, in chunks of B."""
     out = {metric: np.zeros(len(preds)) for metric in METRICS}
     for lo in range(0, len(preds), chunk):
-        a, b = preds[lo:lo + chunk], gts[lo:lo + chunk]
+        a, b = preds[lo : lo + chunk], gts[lo : lo + chunk]
         d = pairwise_distances(a, b)
-        out["frechet"][lo:lo + chunk] = frechet_from_distances(d)
-        out["hausdorff"][lo:lo + chunk] = hausdorff_from_distances(d)
-        out["rmse"][lo:lo + chunk] = rmse(a, b)
+        out["frechet"][lo : lo + chunk] = frechet_from_distances(d)
+        out["hausdorff"][lo : lo + chunk] = hausdorff_from_distances(d)
+        out["rmse"][lo : lo + chunk] = rmse(a, b)
     return out
 
 
-def resample_normalised(polylines: Sequence[Sequence[tuple[float, float]]], sizes: np.ndarray, n: int,
-                        chunk: int = 256) -> np.ndarray:
+def resample_normalised(
+    polylines: Sequence[Sequence[tuple[float, float]]], sizes: np.ndarray, n: int, chunk: int = 256
+) -> np.ndarray:
     """Polylines in pixels, divided by their image (width, height) [B, 2], resampled -> [B, n, 2].
 
     Polylines with the same number of vertices are resampled together, ``chunk`` at a time.
@@ -126,7 +127,7 @@ def resample_normalised(polylines: Sequence[Sequence[tuple[float, float]]], size
         groups[len(poly)].append(i)
     for length, members in groups.items():
         for lo in range(0, len(members), chunk):
-            idx = members[lo:lo + chunk]
+            idx = members[lo : lo + chunk]
             pts = np.array([polylines[i] for i in idx], dtype=np.float64).reshape(len(idx), length, 2)
             out[idx] = resample_polyline(pts / sizes[idx, None, :], n)
     return out
@@ -138,8 +139,14 @@ class TrajectoryReward:
 
     name = "trajectory"
 
-    def __init__(self, num_points: int = 32, max_distance: float = 0.5, frechet_weight: float = 1.0,
-                 hausdorff_weight: float = 1.0, rmse_weight: float = 1.0) -> None:
+    def __init__(
+        self,
+        num_points: int = 32,
+        max_distance: float = 0.5,
+        frechet_weight: float = 1.0,
+        hausdorff_weight: float = 1.0,
+        rmse_weight: float = 1.0,
+    ) -> None:
         weights = {"frechet": frechet_weight, "hausdorff": hausdorff_weight, "rmse": rmse_weight}
         if num_points < 2:
             raise ValueError(f"trajectory reward: num_points must be >= 2, got {num_points}")
@@ -159,9 +166,13 @@ class TrajectoryReward:
         for i in indices:
             gt = records[i].ground_truth
             if not isinstance(gt, Trajectory) or len(gt.points) < 2:
-                raise ValueError(f"record {records[i].id}: trajectory reward needs a ground-truth trajectory "
-                                 f"of >= 2 points, got {gt!r:.80}")
-        sizes = np.array([(records[i].width, records[i].height) for i in indices], dtype=np.float64).reshape(-1, 2)
+                raise ValueError(
+                    f"record {records[i].id}: trajectory reward needs a ground-truth trajectory "
+                    f"of >= 2 points, got {gt!r:.80}"
+                )
+        sizes = np.array([(records[i].width, records[i].height) for i in indices], dtype=np.float64).reshape(
+            -1, 2
+        )
         preds = resample_normalised([a.points for a in answers], sizes, self.num_points)
         gts = resample_normalised([records[i].ground_truth.points for i in indices], sizes, self.num_points)
         distances = trajectory_distances(preds, gts)

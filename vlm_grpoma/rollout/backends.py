@@ -44,8 +44,9 @@ def _module(model: Any) -> torch.nn.Module:
     return model if isinstance(model, torch.nn.Module) else model.module
 
 
-def build_rollout_engine(config: Config, model: Any, adapter: Any, *, dist: Any = None,
-                         vllm_options: Any = None) -> RolloutEngine:
+def build_rollout_engine(
+    config: Config, model: Any, adapter: Any, *, dist: Any = None, vllm_options: Any = None
+) -> RolloutEngine:
     """The backend named by ``config.rollout.backend`` for ``model`` (a TrainingEngine or a plain module).
 
     ``vllm``: needs CUDA and vLLM (one actionable error line otherwise); the engine is built from
@@ -64,11 +65,20 @@ def build_rollout_engine(config: Config, model: Any, adapter: Any, *, dist: Any 
 
         import_vllm()
         options = vllm_options or VLLMOptions.from_config(config.rollout.vllm)
-        if options.dtype == "auto":  # vLLM's "auto" turns a float32 config into float16: use the training dtype
-            options = replace(options, dtype=str(next(_module(model).parameters()).dtype).removeprefix("torch."))
-        engine = VLLMRolloutEngine.create(config.model.name_or_path, adapter, options, seed=config.seed,
-                                          dist=dist if dist is not None else getattr(model, "dist", None),
-                                          trust_remote_code=config.model.trust_remote_code)
+        if (
+            options.dtype == "auto"
+        ):  # vLLM's "auto" turns a float32 config into float16: use the training dtype
+            options = replace(
+                options, dtype=str(next(_module(model).parameters()).dtype).removeprefix("torch.")
+            )
+        engine = VLLMRolloutEngine.create(
+            config.model.name_or_path,
+            adapter,
+            options,
+            seed=config.seed,
+            dist=dist if dist is not None else getattr(model, "dist", None),
+            trust_remote_code=config.model.trust_remote_code,
+        )
         sync_weights(engine, model)
         return engine
     raise ValueError(f"rollout.backend: unknown backend {backend!r}; expected hf or vllm")
@@ -111,8 +121,10 @@ def logprob_mismatch(pairs: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Ten
     diffs = []
     for trainer, rollout, mask in pairs:
         if trainer.shape != rollout.shape or trainer.shape != mask.shape:
-            raise ValueError(f"log-prob shapes differ: trainer {tuple(trainer.shape)}, rollout "
-                             f"{tuple(rollout.shape)}, mask {tuple(mask.shape)}")
+            raise ValueError(
+                f"log-prob shapes differ: trainer {tuple(trainer.shape)}, rollout "
+                f"{tuple(rollout.shape)}, mask {tuple(mask.shape)}"
+            )
         mask = mask.to(trainer.device, torch.bool)
         diffs.append((trainer.detach().float() - rollout.to(trainer.device).float())[mask].abs())
     flat = torch.cat(diffs) if diffs else torch.zeros(0)

@@ -38,10 +38,15 @@ class SamplingParams:
     def __post_init__(self) -> None:
         checks = [
             (self.num_thoughts >= 1, f"num_thoughts must be >= 1, got {self.num_thoughts}"),
-            (self.answers_per_thought >= 1, f"answers_per_thought must be >= 1, got {self.answers_per_thought}"),
+            (
+                self.answers_per_thought >= 1,
+                f"answers_per_thought must be >= 1, got {self.answers_per_thought}",
+            ),
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
-            (self.answer_temperature is None or self.answer_temperature >= 0,
-             f"answer_temperature must be >= 0, got {self.answer_temperature}"),
+            (
+                self.answer_temperature is None or self.answer_temperature >= 0,
+                f"answer_temperature must be >= 0, got {self.answer_temperature}",
+            ),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"),
             (self.max_thought_tokens >= 1, f"max_thought_tokens must be >= 1, got {self.max_thought_tokens}"),
@@ -57,10 +62,16 @@ class SamplingParams:
 
     @classmethod
     def from_config(cls, config: RolloutConfig, seed: int) -> SamplingParams:
-        return cls(num_thoughts=config.num_thoughts, answers_per_thought=config.answers_per_thought,
-                   temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-                   max_thought_tokens=config.max_thought_tokens, max_answer_tokens=config.max_answer_tokens,
-                   seed=seed)
+        return cls(
+            num_thoughts=config.num_thoughts,
+            answers_per_thought=config.answers_per_thought,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            max_thought_tokens=config.max_thought_tokens,
+            max_answer_tokens=config.max_answer_tokens,
+            seed=seed,
+        )
 
 
 class RolloutEngine(Protocol):

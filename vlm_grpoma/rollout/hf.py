@@ -77,7 +77,9 @@ def filter_logits(logits: torch.Tensor, temperature: float, params: SamplingPara
     if params.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs > params.top_p  # keeps the smallest prefix reaching top_p (>= 1 token)
+        drop = (
+            probs.cumsum(-1) - probs > params.top_p
+        )  # keeps the smallest prefix reaching top_p (>= 1 token)
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     return logits
 
@@ -85,8 +87,9 @@ def filter_logits(logits: torch.Tensor, temperature: float, params: SamplingPara
 class HFRolloutEngine:
     """Two-phase K x M sampling with a transformers Qwen-VL model (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, tokens: SpecialTokens, tokenizer: Any,
-                 reuse_prefix_cache: bool = True) -> None:
+    def __init__(
+        self, model: torch.nn.Module, tokens: SpecialTokens, tokenizer: Any, reuse_prefix_cache: bool = True
+    ) -> None:
         self.model = model
         self.tokens = tokens
         self.tokenizer = tokenizer
@@ -96,7 +99,9 @@ class HFRolloutEngine:
         self._stop_tables: dict[tuple[str, int], torch.Tensor] = {}
 
     @classmethod
-    def for_adapter(cls, model: torch.nn.Module, adapter: Any, reuse_prefix_cache: bool = True) -> HFRolloutEngine:
+    def for_adapter(
+        cls, model: torch.nn.Module, adapter: Any, reuse_prefix_cache: bool = True
+    ) -> HFRolloutEngine:
         return cls(model, adapter.tokens, adapter.tokenizer, reuse_prefix_cache)
 
     # -- model calls ---------------------------------------------------------------------------------------
@@ -104,20 +109,30 @@ class HFRolloutEngine:
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _prefill(self, prompts: Sequence[PromptInputs], rows: Sequence[Sequence[int]],
-                 prompt_of_row: Sequence[int]) -> _Stream:
+    def _prefill(
+        self, prompts: Sequence[PromptInputs], rows: Sequence[Sequence[int]], prompt_of_row: Sequence[int]
+    ) -> _Stream:
         from transformers import DynamicCache
 
         dev = self._device()
         batch = {k: v.to(dev) for k, v in collate(prompts, rows, prompt_of_row, self.tokens).items()}
         positions, _ = self._rope.get_rope_index(
-            input_ids=batch["input_ids"], mm_token_type_ids=batch["mm_token_type_ids"],
-            image_grid_thw=batch["image_grid_thw"], attention_mask=batch["attention_mask"])
+            input_ids=batch["input_ids"],
+            mm_token_type_ids=batch["mm_token_type_ids"],
+            image_grid_thw=batch["image_grid_thw"],
+            attention_mask=batch["attention_mask"],
+        )
         cache = DynamicCache(config=self.model.config)
         batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
-        out = self.model(**batch, position_ids=positions, **{self._cache_arg: cache}, use_cache=True, logits_to_keep=1)
-        return _Stream(getattr(out, self._cache_arg), batch["attention_mask"], positions.amax(dim=(0, 2)) + 1,
-                       out.logits[:, -1].float())
+        out = self.model(
+            **batch, position_ids=positions, **{self._cache_arg: cache}, use_cache=True, logits_to_keep=1
+        )
+        return _Stream(
+            getattr(out, self._cache_arg),
+            batch["attention_mask"],
+            positions.amax(dim=(0, 2)) + 1,
+            out.logits[:, -1].float(),
+        )
 
     def _feed(self, stream: _Stream, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Feed ids [R, W] (mask [R, W]: 1 = real token) and return logits [R, W, V]; updates the stream."""
@@ -125,8 +140,13 @@ class HFRolloutEngine:
         offsets = mask.long().cumsum(1) - mask.long()
         positions = (stream.next_pos[:, None] + offsets).unsqueeze(0).expand(3, r, w)
         stream.attention = torch.cat([stream.attention, mask.long()], 1)
-        out = self.model(input_ids=ids, attention_mask=stream.attention, position_ids=positions,
-                         **{self._cache_arg: stream.cache}, use_cache=True)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=stream.attention,
+            position_ids=positions,
+            **{self._cache_arg: stream.cache},
+            use_cache=True,
+        )
         n = mask.long().sum(1)
         stream.next_pos = stream.next_pos + n
         logits = out.logits.float()
@@ -137,8 +157,14 @@ class HFRolloutEngine:
 
     # -- sampling ------------------------------------------------------------------------------------------
 
-    def _choose(self, logits: torch.Tensor, suppress: torch.Tensor, temperature: float, params: SamplingParams,
-                generator: torch.Generator) -> torch.Tensor:
+    def _choose(
+        self,
+        logits: torch.Tensor,
+        suppress: torch.Tensor,
+        temperature: float,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> torch.Tensor:
         logits = logits.masked_fill(suppress, float("-inf"))
         if temperature == 0:
             return logits.argmax(-1)
@@ -163,8 +189,17 @@ class HFRolloutEngine:
             self._stop_tables[key] = table
         return self._stop_tables[key]
 
-    def _decode(self, stream: _Stream, budget: int, stop: str, stop_ids: Sequence[int], suppress: torch.Tensor,
-                temperature: float, params: SamplingParams, generator: torch.Generator) -> _Decoded:
+    def _decode(
+        self,
+        stream: _Stream,
+        budget: int,
+        stop: str,
+        stop_ids: Sequence[int],
+        suppress: torch.Tensor,
+        temperature: float,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> _Decoded:
         """Sample up to ``budget`` tokens per row, ending a row when its text gains ``stop`` or at ``stop_ids``.
 
         The stop string is matched in the decoded text, so it is found whatever tokens spell it (the real
@@ -183,14 +218,19 @@ class HFRolloutEngine:
         rows = torch.arange(r, device=dev)
         for t in range(budget):
             alive = ~done
-            token = torch.where(alive, self._choose(stream.logits, suppress, temperature, params, generator),
-                                self.tokens.pad_id)
+            token = torch.where(
+                alive,
+                self._choose(stream.logits, suppress, temperature, params, generator),
+                self.tokens.pad_id,
+            )
             ids[:, t], mask[:, t] = token, alive
             logprobs[:, t] = torch.where(alive, stream.logits.log_softmax(-1)[rows, token], 0.0)
             if not params.ignore_stop:
                 stopped |= alive & id_stops[token]
                 for i in (alive & table[token] & ~stopped).nonzero().flatten().tolist():
-                    stopped[i] = stop in self.tokenizer.decode(ids[i, max(0, t + 1 - window): t + 1].tolist())
+                    stopped[i] = stop in self.tokenizer.decode(
+                        ids[i, max(0, t + 1 - window) : t + 1].tolist()
+                    )
             done = done | stopped
             if bool(done.all()) or t == budget - 1:
                 unfed = alive
@@ -209,8 +249,12 @@ class HFRolloutEngine:
             tail = [int(thoughts.ids[i, lengths[i] - 1])] if thoughts.unfed[i] else []
             tails.append(tail + (close if thoughts.finish[i] == "length" else []))
         width = max(len(tail) for tail in tails)  # >= 1: the rows alive at the last step are unfed
-        ids = torch.cat([thoughts.ids, torch.full((r, len(close)), self.tokens.pad_id, device=thoughts.ids.device)], 1)
-        mask = torch.cat([thoughts.mask, torch.zeros((r, len(close)), dtype=torch.bool, device=ids.device)], 1)
+        ids = torch.cat(
+            [thoughts.ids, torch.full((r, len(close)), self.tokens.pad_id, device=thoughts.ids.device)], 1
+        )
+        mask = torch.cat(
+            [thoughts.mask, torch.zeros((r, len(close)), dtype=torch.bool, device=ids.device)], 1
+        )
         logprobs = torch.cat([thoughts.logprobs, torch.zeros((r, len(close)), device=ids.device)], 1)
         block = torch.full((r, width), self.tokens.pad_id, dtype=torch.long, device=ids.device)
         block_mask = torch.zeros((r, width), dtype=torch.bool, device=ids.device)
@@ -222,10 +266,11 @@ class HFRolloutEngine:
             if thoughts.finish[i] == "length":
                 start, first = int(lengths[i]), len(tails[i]) - len(close)
                 closing = torch.tensor(close, device=ids.device)
-                ids[i, start: start + len(close)] = closing
-                mask[i, start: start + len(close)] = True
-                logprobs[i, start: start + len(close)] = block_logp[i, first - 1: first - 1 + len(close)].gather(
-                    -1, closing[:, None]).squeeze(1)
+                ids[i, start : start + len(close)] = closing
+                mask[i, start : start + len(close)] = True
+                logprobs[i, start : start + len(close)] = (
+                    block_logp[i, first - 1 : first - 1 + len(close)].gather(-1, closing[:, None]).squeeze(1)
+                )
         return _Decoded(ids, mask, logprobs, thoughts.finish, torch.zeros_like(thoughts.unfed))
 
     def sample(self, prompts: Sequence[PromptInputs], params: SamplingParams) -> RolloutTree:
@@ -251,39 +296,63 @@ class HFRolloutEngine:
         stream = self._prefill(prompts, [p.input_ids.tolist() for p in prompts], range(b))
         stream.repeat(k)
         clock.append(time.perf_counter())
-        thoughts = self._decode(stream, params.max_thought_tokens, THINK_CLOSE, (), no_eos,
-                                params.temperature, params, generator)
+        thoughts = self._decode(
+            stream, params.max_thought_tokens, THINK_CLOSE, (), no_eos, params.temperature, params, generator
+        )
         thoughts = self._close_thoughts(stream, thoughts)
         clock.append(time.perf_counter())
         if self.reuse_prefix_cache:
             stream.repeat(m)
         else:
-            rows = [prompts[i // k].input_ids.tolist() + thoughts.ids[i][thoughts.mask[i]].tolist()
-                    for i in range(b * k) for _ in range(m)]
+            rows = [
+                prompts[i // k].input_ids.tolist() + thoughts.ids[i][thoughts.mask[i]].tolist()
+                for i in range(b * k)
+                for _ in range(m)
+            ]
             stream = self._prefill(prompts, rows, [i // (k * m) for i in range(b * k * m)])
-        answers = self._decode(stream, params.max_answer_tokens, ANSWER_CLOSE, self.tokens.eos_ids, vision,
-                               params.phase2_temperature, params, generator)
+        answers = self._decode(
+            stream,
+            params.max_answer_tokens,
+            ANSWER_CLOSE,
+            self.tokens.eos_ids,
+            vision,
+            params.phase2_temperature,
+            params,
+            generator,
+        )
         clock.append(time.perf_counter())
         tree = self._tree(prompts, thoughts, answers, k, m)
-        tree.seconds = dict(zip(("prefill", "thoughts", "answers"), [t1 - t0 for t0, t1 in zip(clock, clock[1:])]))
+        tree.seconds = dict(
+            zip(("prefill", "thoughts", "answers"), [t1 - t0 for t0, t1 in zip(clock, clock[1:])])
+        )
         return tree
 
     def _texts(self, decoded: _Decoded) -> list[str]:
-        return [self.tokenizer.decode(ids[mask].tolist(), skip_special_tokens=True)
-                for ids, mask in zip(decoded.ids.cpu(), decoded.mask.cpu())]
+        return [
+            self.tokenizer.decode(ids[mask].tolist(), skip_special_tokens=True)
+            for ids, mask in zip(decoded.ids.cpu(), decoded.mask.cpu())
+        ]
 
-    def _tree(self, prompts: Sequence[PromptInputs], thoughts: _Decoded, answers: _Decoded, k: int,
-              m: int) -> RolloutTree:
+    def _tree(
+        self, prompts: Sequence[PromptInputs], thoughts: _Decoded, answers: _Decoded, k: int, m: int
+    ) -> RolloutTree:
         b = len(prompts)
         t_texts, a_texts = self._texts(thoughts), self._texts(answers)
         return RolloutTree(
-            prompts=list(prompts), pad_id=self.tokens.pad_id,
-            thought_ids=thoughts.ids.view(b, k, -1).cpu(), thought_mask=thoughts.mask.view(b, k, -1).cpu(),
+            prompts=list(prompts),
+            pad_id=self.tokens.pad_id,
+            thought_ids=thoughts.ids.view(b, k, -1).cpu(),
+            thought_mask=thoughts.mask.view(b, k, -1).cpu(),
             thought_logprobs=thoughts.logprobs.view(b, k, -1).cpu(),
-            thought_finish=[thoughts.finish[i * k:(i + 1) * k] for i in range(b)],
-            thought_texts=[t_texts[i * k:(i + 1) * k] for i in range(b)],
-            answer_ids=answers.ids.view(b, k, m, -1).cpu(), answer_mask=answers.mask.view(b, k, m, -1).cpu(),
+            thought_finish=[thoughts.finish[i * k : (i + 1) * k] for i in range(b)],
+            thought_texts=[t_texts[i * k : (i + 1) * k] for i in range(b)],
+            answer_ids=answers.ids.view(b, k, m, -1).cpu(),
+            answer_mask=answers.mask.view(b, k, m, -1).cpu(),
             answer_logprobs=answers.logprobs.view(b, k, m, -1).cpu(),
-            answer_finish=[[answers.finish[(i * k + j) * m:(i * k + j + 1) * m] for j in range(k)] for i in range(b)],
-            answer_texts=[[a_texts[(i * k + j) * m:(i * k + j + 1) * m] for j in range(k)] for i in range(b)],
+            answer_finish=[
+                [answers.finish[(i * k + j) * m : (i * k + j + 1) * m] for j in range(k)] for i in range(b)
+            ],
+            answer_texts=[
+                [a_texts[(i * k + j) * m : (i * k + j + 1) * m] for j in range(k)] for i in range(b)
+            ],
         )

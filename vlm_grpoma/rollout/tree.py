@@ -40,7 +40,9 @@ class RolloutTree:
     thought_mask: torch.Tensor  # [B, K, Lt] bool
     thought_logprobs: torch.Tensor  # [B, K, Lt] float
     thought_finish: list[list[FinishReason]]  # [B][K]
-    thought_texts: list[list[str]]  # [B][K], decoded without special tokens (the think/answer tags are plain text)
+    thought_texts: list[
+        list[str]
+    ]  # [B][K], decoded without special tokens (the think/answer tags are plain text)
     answer_ids: torch.Tensor  # [B, K, M, La] long
     answer_mask: torch.Tensor  # [B, K, M, La] bool
     answer_logprobs: torch.Tensor  # [B, K, M, La] float
@@ -62,8 +64,9 @@ class RolloutTree:
     @property
     def answer_truncated(self) -> torch.Tensor:
         """[B, K, M] bool: answers cut by the answer budget."""
-        return torch.tensor([[[f == "length" for f in ans] for ans in row] for row in self.answer_finish],
-                            dtype=torch.bool)
+        return torch.tensor(
+            [[[f == "length" for f in ans] for ans in row] for row in self.answer_finish], dtype=torch.bool
+        )
 
     @property
     def thought_lengths(self) -> torch.Tensor:
@@ -75,8 +78,10 @@ class RolloutTree:
 
     def completions(self) -> list[list[list[str]]]:
         """[B][K][M] full completion texts, thought + answer (what format rewards score)."""
-        return [[[self.thought_texts[b][k] + a for a in answers] for k, answers in enumerate(row)]
-                for b, row in enumerate(self.answer_texts)]
+        return [
+            [[self.thought_texts[b][k] + a for a in answers] for k, answers in enumerate(row)]
+            for b, row in enumerate(self.answer_texts)
+        ]
 
     def thought_tokens(self, b: int, k: int) -> torch.Tensor:
         return self.thought_ids[b, k][self.thought_mask[b, k]]
@@ -90,8 +95,14 @@ class RolloutTree:
         for b in range(b_):
             for k in range(k_):
                 mask = self.thought_mask[b, k]
-                yield Segment(b, k, None, self.prompts[b].input_ids, self.thought_ids[b, k][mask],
-                              self.thought_logprobs[b, k][mask])
+                yield Segment(
+                    b,
+                    k,
+                    None,
+                    self.prompts[b].input_ids,
+                    self.thought_ids[b, k][mask],
+                    self.thought_logprobs[b, k][mask],
+                )
 
     def answer_segments(self) -> Iterator[Segment]:
         """B·K·M segments: answer tokens in the context of prompt + thought (order b, k, m)."""
@@ -101,4 +112,6 @@ class RolloutTree:
                 context = torch.cat([self.prompts[b].input_ids, self.thought_tokens(b, k)])
                 for m in range(m_):
                     mask = self.answer_mask[b, k, m]
-                    yield Segment(b, k, m, context, self.answer_ids[b, k, m][mask], self.answer_logprobs[b, k, m][mask])
+                    yield Segment(
+                        b, k, m, context, self.answer_ids[b, k, m][mask], self.answer_logprobs[b, k, m][mask]
+                    )

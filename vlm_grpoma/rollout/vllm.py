@@ -72,13 +72,16 @@ def stack_problems(versions: Mapping[str, str | None]) -> list[str]:
 def import_vllm() -> Any:
     """The ``vllm`` module, or one actionable line saying what is missing (a CUDA GPU, or vLLM itself)."""
     if not torch.cuda.is_available():
-        raise RuntimeError("rollout.backend=vllm needs a CUDA GPU, and torch sees none; "
-                           "use rollout.backend=hf on this machine")
+        raise RuntimeError(
+            "rollout.backend=vllm needs a CUDA GPU, and torch sees none; "
+            "use rollout.backend=hf on this machine"
+        )
     try:
         import vllm
     except ImportError as err:
-        raise ImportError(f"rollout.backend=vllm needs vLLM, which is not importable ({err}); "
-                          f"{INSTALL_HINT}") from None
+        raise ImportError(
+            f"rollout.backend=vllm needs vLLM, which is not importable ({err}); {INSTALL_HINT}"
+        ) from None
     return vllm
 
 
@@ -101,9 +104,13 @@ class VLLMOptions:
 
     @classmethod
     def from_config(cls, config: VLLMConfig) -> VLLMOptions:
-        return cls(gpu_memory_utilization=config.gpu_memory_utilization,
-                   tensor_parallel_size=config.tensor_parallel_size, enable_sleep_mode=config.enable_sleep_mode,
-                   max_model_len=config.max_model_len or None, enforce_eager=config.enforce_eager)
+        return cls(
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            tensor_parallel_size=config.tensor_parallel_size,
+            enable_sleep_mode=config.enable_sleep_mode,
+            max_model_len=config.max_model_len or None,
+            enforce_eager=config.enforce_eager,
+        )
 
 
 @dataclass(frozen=True)
@@ -117,8 +124,11 @@ class Request:
 
     def prompt(self) -> dict[str, Any]:
         """The ``vllm.inputs.TokensPrompt`` (a TypedDict, so a plain dict)."""
-        return {"prompt_token_ids": list(self.prompt_token_ids), "multi_modal_data": {"image": self.image},
-                "mm_processor_kwargs": dict(self.mm_processor_kwargs)}
+        return {
+            "prompt_token_ids": list(self.prompt_token_ids),
+            "multi_modal_data": {"image": self.image},
+            "mm_processor_kwargs": dict(self.mm_processor_kwargs),
+        }
 
 
 def collapse_image_placeholders(ids: Sequence[int], image_id: int) -> list[int]:
@@ -149,8 +159,10 @@ def banned_words(tokenizer: Any, ids: Iterable[int]) -> list[str]:
     words = tokenizer.convert_ids_to_tokens(ids)
     for token_id, word in zip(ids, words):
         if tokenizer.encode(word, add_special_tokens=False) != [token_id]:
-            raise ValueError(f"token {token_id} ({word!r}) does not encode to itself alone; "
-                             "vLLM could not ban it through bad_words")
+            raise ValueError(
+                f"token {token_id} ({word!r}) does not encode to itself alone; "
+                "vLLM could not ban it through bad_words"
+            )
     return list(words)
 
 
@@ -168,50 +180,103 @@ class RequestBuilder:
     @classmethod
     def for_adapter(cls, adapter: Any, reuse_prefix_cache: bool = True) -> RequestBuilder:
         tokens = adapter.tokens
-        return cls(tokens, adapter.min_pixels, adapter.max_pixels,
-                   tuple(banned_words(adapter.tokenizer, tokens.suppress_ids)),
-                   tuple(banned_words(adapter.tokenizer, tokens.eos_ids)), reuse_prefix_cache)
+        return cls(
+            tokens,
+            adapter.min_pixels,
+            adapter.max_pixels,
+            tuple(banned_words(adapter.tokenizer, tokens.suppress_ids)),
+            tuple(banned_words(adapter.tokenizer, tokens.eos_ids)),
+            reuse_prefix_cache,
+        )
 
     def _request(self, prompt: PromptInputs, continuation: Sequence[int], **sampling: Any) -> Request:
-        ids = collapse_image_placeholders(prompt.input_ids.tolist(), self.tokens.image_id) + list(continuation)
-        return Request(ids, prompt.image, {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels}, sampling)
+        ids = collapse_image_placeholders(prompt.input_ids.tolist(), self.tokens.image_id) + list(
+            continuation
+        )
+        return Request(
+            ids, prompt.image, {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels}, sampling
+        )
 
     @staticmethod
     def _filters(temperature: float, params: SamplingParams) -> dict[str, Any]:
-        return {"temperature": temperature, "top_p": params.top_p, "top_k": params.top_k, "logprobs": 0,
-                "skip_special_tokens": False}
+        return {
+            "temperature": temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "logprobs": 0,
+            "skip_special_tokens": False,
+        }
 
-    def thoughts(self, prompts: Sequence[PromptInputs], seeds: Sequence[int], params: SamplingParams) -> list[Request]:
+    def thoughts(
+        self, prompts: Sequence[PromptInputs], seeds: Sequence[int], params: SamplingParams
+    ) -> list[Request]:
         """Phase 1: one request per prompt, ``n=K``; a thought ends only at ``</think>`` or its budget."""
         stop = [] if params.ignore_stop else [THINK_CLOSE]
-        return [self._request(p, [], n=params.num_thoughts, max_tokens=params.max_thought_tokens,
-                              seed=request_seed(seed, 1, b), stop=stop, include_stop_str_in_output=True,
-                              ignore_eos=True, bad_words=[*self.vision_words, *self.eos_words],
-                              **self._filters(params.temperature, params))
-                for b, (p, seed) in enumerate(zip(prompts, seeds, strict=True))]
+        return [
+            self._request(
+                p,
+                [],
+                n=params.num_thoughts,
+                max_tokens=params.max_thought_tokens,
+                seed=request_seed(seed, 1, b),
+                stop=stop,
+                include_stop_str_in_output=True,
+                ignore_eos=True,
+                bad_words=[*self.vision_words, *self.eos_words],
+                **self._filters(params.temperature, params),
+            )
+            for b, (p, seed) in enumerate(zip(prompts, seeds, strict=True))
+        ]
 
-    def closings(self, prompts: Sequence[PromptInputs], thoughts: Sequence[Sequence[int]],
-                 owners: Sequence[int]) -> list[Request]:
+    def closings(
+        self, prompts: Sequence[PromptInputs], thoughts: Sequence[Sequence[int]], owners: Sequence[int]
+    ) -> list[Request]:
         """One scoring request per truncated thought: prompt + thought + ``</think>``, for the forced tokens'
         log-probs (``prompt_logprobs=0`` returns each prompt token's own log-prob)."""
         close = list(self.tokens.think_close)
-        return [self._request(prompts[b], [*thought, *close], n=1, max_tokens=1, temperature=0.0,
-                              prompt_logprobs=0, detokenize=False)
-                for thought, b in zip(thoughts, owners, strict=True)]
+        return [
+            self._request(
+                prompts[b],
+                [*thought, *close],
+                n=1,
+                max_tokens=1,
+                temperature=0.0,
+                prompt_logprobs=0,
+                detokenize=False,
+            )
+            for thought, b in zip(thoughts, owners, strict=True)
+        ]
 
-    def answers(self, prompts: Sequence[PromptInputs], seeds: Sequence[int], thoughts: Sequence[Sequence[int]],
-                params: SamplingParams) -> list[Request]:
+    def answers(
+        self,
+        prompts: Sequence[PromptInputs],
+        seeds: Sequence[int],
+        thoughts: Sequence[Sequence[int]],
+        params: SamplingParams,
+    ) -> list[Request]:
         """Phase 2: one request per (prompt, thought) in order b, k, with ``n=M``; ends at ``</answer>``,
         end of turn, or the answer budget."""
         k = params.num_thoughts
-        stop = {"stop": [], "ignore_eos": True} if params.ignore_stop else {
-            "stop": [ANSWER_CLOSE], "stop_token_ids": list(self.tokens.eos_ids)}
-        return [self._request(prompts[i // k], thought, n=params.answers_per_thought,
-                              max_tokens=params.max_answer_tokens, seed=request_seed(seeds[i // k], 2, i // k, i % k),
-                              include_stop_str_in_output=True, bad_words=list(self.vision_words),
-                              skip_reading_prefix_cache=not self.reuse_prefix_cache, **stop,
-                              **self._filters(params.phase2_temperature, params))
-                for i, thought in enumerate(thoughts)]
+        stop = (
+            {"stop": [], "ignore_eos": True}
+            if params.ignore_stop
+            else {"stop": [ANSWER_CLOSE], "stop_token_ids": list(self.tokens.eos_ids)}
+        )
+        return [
+            self._request(
+                prompts[i // k],
+                thought,
+                n=params.answers_per_thought,
+                max_tokens=params.max_answer_tokens,
+                seed=request_seed(seeds[i // k], 2, i // k, i % k),
+                include_stop_str_in_output=True,
+                bad_words=list(self.vision_words),
+                skip_reading_prefix_cache=not self.reuse_prefix_cache,
+                **stop,
+                **self._filters(params.phase2_temperature, params),
+            )
+            for i, thought in enumerate(thoughts)
+        ]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -257,8 +322,14 @@ def first_stop(ids: Sequence[int], stop: str, decode: Callable[[list[int]], str]
     return lo
 
 
-def read_completion(completion: Any, *, stop: str | None, stop_ids: Sequence[int], budget: int,
-                    decode: Callable[[list[int]], str]) -> Sampled:
+def read_completion(
+    completion: Any,
+    *,
+    stop: str | None,
+    stop_ids: Sequence[int],
+    budget: int,
+    decode: Callable[[list[int]], str],
+) -> Sampled:
     """A ``CompletionOutput`` as :class:`Sampled`, cut right after the first token completing ``stop``.
 
     The finish reason follows the transformers backend's rule, not vLLM's label: ``"stop"`` when the text holds
@@ -273,9 +344,13 @@ def read_completion(completion: Any, *, stop: str | None, stop_ids: Sequence[int
         return Sampled(ids[:end], logprobs[:end], "stop")
     if stop is not None and ids and ids[-1] in stop_ids:
         return Sampled(ids, logprobs, "stop")
-    if len(ids) < budget and stop is not None and completion.finish_reason != "length":  # "length": context full
-        raise ValueError(f"vLLM ended a sequence after {len(ids)} < {budget} tokens without a stop "
-                         f"(finish_reason={completion.finish_reason!r})")
+    if (
+        len(ids) < budget and stop is not None and completion.finish_reason != "length"
+    ):  # "length": context full
+        raise ValueError(
+            f"vLLM ended a sequence after {len(ids)} < {budget} tokens without a stop "
+            f"(finish_reason={completion.finish_reason!r})"
+        )
     return Sampled(ids, logprobs, "length")
 
 
@@ -283,7 +358,9 @@ def read_request(output: Any, n: int, **kwargs: Any) -> list[Sampled]:
     """The ``n`` completions of one ``RequestOutput``, in sample order."""
     completions = sorted(output.outputs, key=lambda c: c.index)
     if len(completions) != n:
-        raise ValueError(f"vLLM request {output.request_id} returned {len(completions)} completions, expected {n}")
+        raise ValueError(
+            f"vLLM request {output.request_id} returned {len(completions)} completions, expected {n}"
+        )
     return [read_completion(c, **kwargs) for c in completions]
 
 
@@ -305,9 +382,11 @@ def check_expansion(expanded: Sequence[int], prompt: PromptInputs) -> None:
     """vLLM's expanded prompt must equal ours token for token (same image resize, same image-token count)."""
     ours = prompt.input_ids.tolist()
     if [int(t) for t in expanded] != ours:
-        raise ValueError(f"record {prompt.record.id}: vLLM expanded the prompt to {len(expanded)} tokens "
-                         f"(ours: {len(ours)}); its image processor resized the image differently — check "
-                         "model.min_pixels/max_pixels against the checkpoint's preprocessor config")
+        raise ValueError(
+            f"record {prompt.record.id}: vLLM expanded the prompt to {len(expanded)} tokens "
+            f"(ours: {len(ours)}); its image processor resized the image differently — check "
+            "model.min_pixels/max_pixels against the checkpoint's preprocessor config"
+        )
 
 
 def _pad(rows: Sequence[Sampled], pad_id: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -322,24 +401,37 @@ def _pad(rows: Sequence[Sampled], pad_id: int, width: int) -> tuple[torch.Tensor
     return ids, mask, logprobs
 
 
-def assemble_tree(prompts: Sequence[PromptInputs], thoughts: Sequence[Sequence[Sampled]],
-                  answers: Sequence[Sequence[Sequence[Sampled]]], pad_id: int, *, thought_width: int,
-                  answer_width: int, decode: Callable[[list[int]], str]) -> RolloutTree:
+def assemble_tree(
+    prompts: Sequence[PromptInputs],
+    thoughts: Sequence[Sequence[Sampled]],
+    answers: Sequence[Sequence[Sequence[Sampled]]],
+    pad_id: int,
+    *,
+    thought_width: int,
+    answer_width: int,
+    decode: Callable[[list[int]], str],
+) -> RolloutTree:
     """The RolloutTree of ``thoughts[b][k]`` (closed) and ``answers[b][k][m]``, padded to the given widths
     (the budgets, so every backend returns the same shapes); texts decoded without special tokens."""
     b, k, m = len(prompts), len(thoughts[0]), len(answers[0][0])
     flat_t = [t for row in thoughts for t in row]
     flat_a = [a for row in answers for per_thought in row for a in per_thought]
     if len(flat_t) != b * k or len(flat_a) != b * k * m:
-        raise ValueError(f"ragged rollout: {len(flat_t)} thoughts and {len(flat_a)} answers for B={b} K={k} M={m}")
+        raise ValueError(
+            f"ragged rollout: {len(flat_t)} thoughts and {len(flat_a)} answers for B={b} K={k} M={m}"
+        )
     t_ids, t_mask, t_logp = _pad(flat_t, pad_id, thought_width)
     a_ids, a_mask, a_logp = _pad(flat_a, pad_id, answer_width)
     return RolloutTree(
-        prompts=list(prompts), pad_id=pad_id,
-        thought_ids=t_ids.view(b, k, -1), thought_mask=t_mask.view(b, k, -1), thought_logprobs=t_logp.view(b, k, -1),
+        prompts=list(prompts),
+        pad_id=pad_id,
+        thought_ids=t_ids.view(b, k, -1),
+        thought_mask=t_mask.view(b, k, -1),
+        thought_logprobs=t_logp.view(b, k, -1),
         thought_finish=[[t.finish for t in row] for row in thoughts],
         thought_texts=[[decode(t.ids) for t in row] for row in thoughts],
-        answer_ids=a_ids.view(b, k, m, -1), answer_mask=a_mask.view(b, k, m, -1),
+        answer_ids=a_ids.view(b, k, m, -1),
+        answer_mask=a_mask.view(b, k, m, -1),
         answer_logprobs=a_logp.view(b, k, m, -1),
         answer_finish=[[[a.finish for a in per] for per in row] for row in answers],
         answer_texts=[[[decode(a.ids) for a in per] for per in row] for row in answers],
@@ -369,8 +461,11 @@ def merged_weights(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
     detached, one at a time, so ``load_weights`` can stream them. Parameters must be materialised (gathered
     under ZeRO-3) while the iterator runs.
     """
-    lora_layers = {name: layer for name, layer in module.named_modules()
-                   if hasattr(layer, "get_delta_weight") and hasattr(layer, "base_layer")}
+    lora_layers = {
+        name: layer
+        for name, layer in module.named_modules()
+        if hasattr(layer, "get_delta_weight") and hasattr(layer, "base_layer")
+    }
     for name, param in module.named_parameters():
         target = vllm_weight_name(name)
         if target is None:
@@ -378,7 +473,11 @@ def merged_weights(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
         tensor = param.detach()
         owner = name.rsplit(".", 2)[0] if name.endswith(".base_layer.weight") else None
         layer = lora_layers.get(owner) if owner else None
-        if layer is not None and not getattr(layer, "merged", False) and not getattr(layer, "disable_adapters", False):
+        if (
+            layer is not None
+            and not getattr(layer, "merged", False)
+            and not getattr(layer, "disable_adapters", False)
+        ):
             for adapter in layer.active_adapters:
                 if adapter in getattr(layer, "lora_A", {}):
                     tensor = tensor + layer.get_delta_weight(adapter).to(tensor.dtype)
@@ -411,12 +510,22 @@ class VLLMRolloutEngine:
     _awake: set[str] = field(default_factory=lambda: {"weights", "kv_cache"})
 
     @classmethod
-    def create(cls, checkpoint: str, adapter: Any, options: VLLMOptions, *, seed: int = 0, dist: Any = None,
-               trust_remote_code: bool = False) -> VLLMRolloutEngine:
+    def create(
+        cls,
+        checkpoint: str,
+        adapter: Any,
+        options: VLLMOptions,
+        *,
+        seed: int = 0,
+        dist: Any = None,
+        trust_remote_code: bool = False,
+    ) -> VLLMRolloutEngine:
         """One ``vllm.LLM`` per rank on the same checkpoint folder, run by the external (deepspeed/torchrun)
         launcher; ranks ``[i*tp, (i+1)*tp)`` form tensor-parallel group ``i``."""
         vllm = import_vllm()
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # external_launcher: the engine runs in this process
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = (
+            "0"  # external_launcher: the engine runs in this process
+        )
         if dist is None:
             from vlm_grpoma.trainer.engine import init_distributed
 
@@ -427,15 +536,25 @@ class VLLMRolloutEngine:
         group = _Group(size=tp, index=dist.rank % tp)
         if tp > 1:
             group.process_group, _ = torch.distributed.new_subgroups_by_enumeration(
-                [list(range(i, i + tp)) for i in range(0, dist.world_size, tp)])
+                [list(range(i, i + tp)) for i in range(0, dist.world_size, tp)]
+            )
         llm = vllm.LLM(
-            model=checkpoint, trust_remote_code=trust_remote_code, tensor_parallel_size=tp,
-            distributed_executor_backend="external_launcher", seed=seed + dist.rank // tp,
-            gpu_memory_utilization=options.gpu_memory_utilization, enable_sleep_mode=options.enable_sleep_mode,
-            enable_prefix_caching=options.enable_prefix_caching, dtype=options.dtype,
-            max_model_len=options.max_model_len, enforce_eager=options.enforce_eager,
-            logprobs_mode="raw_logprobs", generation_config="vllm", limit_mm_per_prompt={"image": 1, "video": 0},
-            mm_processor_kwargs={"min_pixels": adapter.min_pixels, "max_pixels": adapter.max_pixels})
+            model=checkpoint,
+            trust_remote_code=trust_remote_code,
+            tensor_parallel_size=tp,
+            distributed_executor_backend="external_launcher",
+            seed=seed + dist.rank // tp,
+            gpu_memory_utilization=options.gpu_memory_utilization,
+            enable_sleep_mode=options.enable_sleep_mode,
+            enable_prefix_caching=options.enable_prefix_caching,
+            dtype=options.dtype,
+            max_model_len=options.max_model_len,
+            enforce_eager=options.enforce_eager,
+            logprobs_mode="raw_logprobs",
+            generation_config="vllm",
+            limit_mm_per_prompt={"image": 1, "video": 0},
+            mm_processor_kwargs={"min_pixels": adapter.min_pixels, "max_pixels": adapter.max_pixels},
+        )
         return cls(llm, adapter, options, group)
 
     # -- memory -------------------------------------------------------------------------------------------
@@ -466,23 +585,31 @@ class VLLMRolloutEngine:
 
     # -- sampling -----------------------------------------------------------------------------------------
 
-    def _gather(self, prompts: Sequence[PromptInputs], seed: int) -> tuple[list[PromptInputs], list[int], slice]:
+    def _gather(
+        self, prompts: Sequence[PromptInputs], seed: int
+    ) -> tuple[list[PromptInputs], list[int], slice]:
         """All prompts (and their owners' seeds) of this rank's tensor-parallel group, and this rank's slice."""
         if self.group.size == 1:
             return list(prompts), [seed] * len(prompts), slice(0, len(prompts))
         parts: list[Any] = [None] * self.group.size
         torch.distributed.all_gather_object(parts, (list(prompts), seed), group=self.group.process_group)
         start = sum(len(p) for p, _ in parts[: self.group.index])
-        return ([p for ps, _ in parts for p in ps], [s for ps, s in parts for _ in ps],
-                slice(start, start + len(prompts)))
+        return (
+            [p for ps, _ in parts for p in ps],
+            [s for ps, s in parts for _ in ps],
+            slice(start, start + len(prompts)),
+        )
 
     def _generate(self, requests: Sequence[Request]) -> list[Any]:
         if self.sampling_params_type is None:
             from vllm import SamplingParams as VSamplingParams
 
             self.sampling_params_type = VSamplingParams
-        return self.llm.generate([r.prompt() for r in requests],
-                                 [self.sampling_params_type(**r.sampling) for r in requests], use_tqdm=False)
+        return self.llm.generate(
+            [r.prompt() for r in requests],
+            [self.sampling_params_type(**r.sampling) for r in requests],
+            use_tqdm=False,
+        )
 
     def sample(self, prompts: Sequence[PromptInputs], params: SamplingParams) -> RolloutTree:
         self._wake("weights", "kv_cache")
@@ -504,27 +631,57 @@ class VLLMRolloutEngine:
         outputs = self._generate(builder.thoughts(everyone, seeds, params))
         for output, prompt in zip(outputs, everyone):
             check_expansion(output.prompt_token_ids, prompt)
-        thoughts = [read_request(o, k, stop=None if params.ignore_stop else THINK_CLOSE, stop_ids=(),
-                                 budget=params.max_thought_tokens, decode=raw) for o in outputs]
+        thoughts = [
+            read_request(
+                o,
+                k,
+                stop=None if params.ignore_stop else THINK_CLOSE,
+                stop_ids=(),
+                budget=params.max_thought_tokens,
+                decode=raw,
+            )
+            for o in outputs
+        ]
         clock.append(time.perf_counter())
         cut = [(b, j) for b, row in enumerate(thoughts) for j, t in enumerate(row) if t.finish == "length"]
         if cut:
-            scored = self._generate(builder.closings(everyone, [thoughts[b][j].ids for b, j in cut],
-                                                     [b for b, _ in cut]))
+            scored = self._generate(
+                builder.closings(everyone, [thoughts[b][j].ids for b, j in cut], [b for b, _ in cut])
+            )
             for (b, j), output in zip(cut, scored):
                 close = list(tokens.think_close)
                 thoughts[b][j] = close_thought(thoughts[b][j], close, forced_logprobs(output, len(close)))
         clock.append(time.perf_counter())
-        outputs = self._generate(builder.answers(everyone, seeds, [t.ids for row in thoughts for t in row], params))
-        flat = [read_request(o, m, stop=None if params.ignore_stop else ANSWER_CLOSE, stop_ids=tokens.eos_ids,
-                             budget=params.max_answer_tokens, decode=raw) for o in outputs]
+        outputs = self._generate(
+            builder.answers(everyone, seeds, [t.ids for row in thoughts for t in row], params)
+        )
+        flat = [
+            read_request(
+                o,
+                m,
+                stop=None if params.ignore_stop else ANSWER_CLOSE,
+                stop_ids=tokens.eos_ids,
+                budget=params.max_answer_tokens,
+                decode=raw,
+            )
+            for o in outputs
+        ]
         clock.append(time.perf_counter())
-        self.stats = {"answer_prompt_tokens": float(sum(len(o.prompt_token_ids) for o in outputs)),
-                      "answer_cached_tokens": float(sum(o.num_cached_tokens or 0 for o in outputs))}
-        answers = [flat[b * k:(b + 1) * k] for b in range(len(everyone))][mine]
-        tree = assemble_tree(everyone[mine], thoughts[mine], answers, tokens.pad_id,
-                             thought_width=params.max_thought_tokens + len(tokens.think_close),
-                             answer_width=params.max_answer_tokens,
-                             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
-        tree.seconds = dict(zip(("thoughts", "close", "answers"), [t1 - t0 for t0, t1 in zip(clock, clock[1:])]))
+        self.stats = {
+            "answer_prompt_tokens": float(sum(len(o.prompt_token_ids) for o in outputs)),
+            "answer_cached_tokens": float(sum(o.num_cached_tokens or 0 for o in outputs)),
+        }
+        answers = [flat[b * k : (b + 1) * k] for b in range(len(everyone))][mine]
+        tree = assemble_tree(
+            everyone[mine],
+            thoughts[mine],
+            answers,
+            tokens.pad_id,
+            thought_width=params.max_thought_tokens + len(tokens.think_close),
+            answer_width=params.max_answer_tokens,
+            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        )
+        tree.seconds = dict(
+            zip(("thoughts", "close", "answers"), [t1 - t0 for t0, t1 in zip(clock, clock[1:])])
+        )
         return tree

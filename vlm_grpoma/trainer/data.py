@@ -38,7 +38,7 @@ class PromptSampler:
         indices: list[int] = []
         while len(indices) < self.prompts_per_step:
             order = self._order(self.epoch)
-            take = order[self.position:self.position + self.prompts_per_step - len(indices)]
+            take = order[self.position : self.position + self.prompts_per_step - len(indices)]
             indices.extend(take)
             self.position += len(take)
             if self.position >= self.num_records:
@@ -48,14 +48,20 @@ class PromptSampler:
     @staticmethod
     def shard(indices: list[int], rank: int, world_size: int) -> list[int]:
         per_rank = len(indices) // world_size
-        return indices[rank * per_rank:(rank + 1) * per_rank]
+        return indices[rank * per_rank : (rank + 1) * per_rank]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
-                "num_records": self.num_records}
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "num_records": self.num_records,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["num_records"] != self.num_records or state["seed"] != self.seed:
-            raise ValueError(f"cannot resume the data order: the checkpoint saw {state['num_records']} records with "
-                             f"seed {state['seed']}, this run has {self.num_records} with seed {self.seed}")
+            raise ValueError(
+                f"cannot resume the data order: the checkpoint saw {state['num_records']} records with "
+                f"seed {state['seed']}, this run has {self.num_records} with seed {self.seed}"
+            )
         self.epoch, self.position = state["epoch"], state["position"]

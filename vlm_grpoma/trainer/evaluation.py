@@ -29,8 +29,9 @@ from vlm_grpoma.trainer.logging import sum_over_ranks
 _SET_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-def score_tree(tree: RolloutTree, records: Sequence[Record], adapter,
-               rewards) -> tuple[RewardResult, torch.Tensor, torch.Tensor]:
+def score_tree(
+    tree: RolloutTree, records: Sequence[Record], adapter, rewards
+) -> tuple[RewardResult, torch.Tensor, torch.Tensor]:
     """Parse every answer (thought + answer text: a real vocabulary may split a tag across them) and score it.
 
     Returns the reward result, the total rewards as ``[B, K, M]`` and which answers parsed (``[B, K, M]`` bool).
@@ -81,9 +82,16 @@ def load_eval_sets(config: Config) -> list[EvalSet]:
 def greedy_params(config: Config) -> SamplingParams:
     """One greedy thought and one greedy answer per record, with the training token budgets."""
     r = config.rollout
-    return SamplingParams(num_thoughts=1, answers_per_thought=1, temperature=0.0, top_p=1.0, top_k=0,
-                          max_thought_tokens=r.max_thought_tokens, max_answer_tokens=r.max_answer_tokens,
-                          seed=config.seed)
+    return SamplingParams(
+        num_thoughts=1,
+        answers_per_thought=1,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        max_thought_tokens=r.max_thought_tokens,
+        max_answer_tokens=r.max_answer_tokens,
+        seed=config.seed,
+    )
 
 
 def _equal_shard(records: Sequence[Record], rank: int, world_size: int) -> tuple[list[Record], int]:
@@ -94,15 +102,24 @@ def _equal_shard(records: Sequence[Record], rank: int, world_size: int) -> tuple
     return shard + [records[rank % len(records)]] * (size - len(shard)), len(shard)
 
 
-def evaluate_sets(sets: Sequence[EvalSet], rollout, adapter, rewards, params: SamplingParams, *, rank: int,
-                  world_size: int, batch_size: int) -> dict[str, float]:
+def evaluate_sets(
+    sets: Sequence[EvalSet],
+    rollout,
+    adapter,
+    rewards,
+    params: SamplingParams,
+    *,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+) -> dict[str, float]:
     """Greedy answers for this rank's share of every set, scored, then summed over ranks into means."""
     metrics: dict[str, float] = {}
     for eval_set in sets:
         shard, real = _equal_shard(eval_set.records, rank, world_size)
         sums: dict[str, float] = {"records": float(real), "parsed": 0.0, "reward": 0.0}
         for start in range(0, len(shard), batch_size):
-            chunk = shard[start:start + batch_size]
+            chunk = shard[start : start + batch_size]
             tree = rollout.sample(adapter.build_inputs(chunk), params)
             keep = max(0, min(len(chunk), real - start))  # padding entries are decoded but not counted
             result, totals, parsed = score_tree(tree, chunk, adapter, rewards)
@@ -111,7 +128,9 @@ def evaluate_sets(sets: Sequence[EvalSet], rollout, adapter, rewards, params: Sa
             sums["reward"] += float(kept.nansum())
             sums["non_finite"] = sums.get("non_finite", 0.0) + float((~torch.isfinite(kept)).sum())
             for name, values in result.components.items():
-                sums[name] = sums.get(name, 0.0) + float(torch.tensor(values[:keep], dtype=torch.float64).nansum())
+                sums[name] = sums.get(name, 0.0) + float(
+                    torch.tensor(values[:keep], dtype=torch.float64).nansum()
+                )
         totals_over_ranks = sum_over_ranks(sums)
         count = max(totals_over_ranks.pop("records"), 1.0)
         prefix = f"eval/{eval_set.name}"

@@ -31,12 +31,20 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def completion_log_probs(model: torch.nn.Module, prompts: Sequence[PromptInputs], prompt_of_row: Sequence[int],
-                         completions: Sequence[torch.Tensor], tokens: SpecialTokens) -> torch.Tensor:
+def completion_log_probs(
+    model: torch.nn.Module,
+    prompts: Sequence[PromptInputs],
+    prompt_of_row: Sequence[int],
+    completions: Sequence[torch.Tensor],
+    tokens: SpecialTokens,
+) -> torch.Tensor:
     """``[R, C]`` log-probs of each row's completion tokens given its prompt (left-aligned, 0 past the end)."""
     rows = [torch.cat([prompts[p].input_ids, c]) for p, c in zip(prompt_of_row, completions)]
     parameter = next(model.parameters())
-    batch = {key: value.to(parameter.device) for key, value in collate(prompts, rows, prompt_of_row, tokens).items()}
+    batch = {
+        key: value.to(parameter.device)
+        for key, value in collate(prompts, rows, prompt_of_row, tokens).items()
+    }
     batch["pixel_values"] = batch["pixel_values"].to(parameter.dtype)
     width = max(len(c) for c in completions)
     # Left padding: every completion ends at the last column; logits at column j predict token j + 1.
@@ -44,13 +52,16 @@ def completion_log_probs(model: torch.nn.Module, prompts: Sequence[PromptInputs]
     right_aligned = token_log_probs(logits, batch["input_ids"][:, -width:])
     lengths = torch.tensor([len(c) for c in completions], device=parameter.device)
     # Shift each row left by its padding so completion token i sits in column i.
-    columns = (torch.arange(width, device=parameter.device) + (width - lengths).unsqueeze(1)).clamp(max=width - 1)
+    columns = (torch.arange(width, device=parameter.device) + (width - lengths).unsqueeze(1)).clamp(
+        max=width - 1
+    )
     valid = torch.arange(width, device=parameter.device) < lengths.unsqueeze(1)
     return right_aligned.gather(1, columns) * valid
 
 
-def path_log_probs(model: torch.nn.Module, tree: RolloutTree, prompt_indices: Sequence[int],
-                   tokens: SpecialTokens) -> PathLogProbs:
+def path_log_probs(
+    model: torch.nn.Module, tree: RolloutTree, prompt_indices: Sequence[int], tokens: SpecialTokens
+) -> PathLogProbs:
     """Log-probs (with grad if enabled) of the thoughts and answers of ``prompt_indices``, one forward."""
     _, k_count, m_count = tree.shape
     b_count = len(prompt_indices)
@@ -68,8 +79,10 @@ def path_log_probs(model: torch.nn.Module, tree: RolloutTree, prompt_indices: Se
     # Thoughts from their first path (m = 0); answers start right after their thought.
     thought = _take(logp[:, :, 0], torch.zeros_like(thought_len), lt)
     answer = _take(logp, thought_len.unsqueeze(-1).expand(-1, -1, m_count), la)
-    return PathLogProbs(thought * tree.thought_mask[list(prompt_indices)].to(logp.device),
-                        answer * tree.answer_mask[list(prompt_indices)].to(logp.device))
+    return PathLogProbs(
+        thought * tree.thought_mask[list(prompt_indices)].to(logp.device),
+        answer * tree.answer_mask[list(prompt_indices)].to(logp.device),
+    )
 
 
 def _take(values: torch.Tensor, starts: torch.Tensor, width: int) -> torch.Tensor:

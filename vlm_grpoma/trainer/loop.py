@@ -72,9 +72,16 @@ class Trainer(Run):
         if not every or (self.step % every and self.step != steps):
             return {}
         start = time.perf_counter()
-        metrics = evaluate_sets(self.eval_sets, self.rollout, self.adapter, self.rewards, greedy_params(self.config),
-                                rank=self.dist.rank, world_size=self.dist.world_size,
-                                batch_size=self.config.train.eval_batch_prompts)
+        metrics = evaluate_sets(
+            self.eval_sets,
+            self.rollout,
+            self.adapter,
+            self.rewards,
+            greedy_params(self.config),
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+            batch_size=self.config.train.eval_batch_prompts,
+        )
         return metrics | {"time/eval_s": time.perf_counter() - start}
 
     def train(self) -> list[dict[str, float]]:
@@ -87,8 +94,9 @@ class Trainer(Run):
 
     def _rollout(self, records: Sequence[Record]) -> RolloutTree:
         prompts = self.adapter.build_inputs(records)
-        params = SamplingParams.from_config(self.config.rollout,
-                                            sampling_seed(self.config.seed, self.step, self.dist.rank))
+        params = SamplingParams.from_config(
+            self.config.rollout, sampling_seed(self.config.seed, self.step, self.dist.rank)
+        )
         return self.rollout.sample(prompts, params)
 
     def _log_probs(self, model, tree: RolloutTree, chunk: list[int]) -> PathLogProbs:
@@ -100,11 +108,16 @@ class Trainer(Run):
         """μ policy epochs over the micro-batches (one optimizer step each); returns loss statistics and the
         epochs' gradient norms (GSS tracks the last epoch's, one score per training step)."""
         config, algo = self.config, self.config.algorithm
-        thought_adv, answer_adv = grpo_ma_advantages(rewards, scale=algo.advantage_scale, eps=algo.advantage_eps)
+        thought_adv, answer_adv = grpo_ma_advantages(
+            rewards, scale=algo.advantage_scale, eps=algo.advantage_eps
+        )
         thought_w, answer_w = grpo_ma_token_weights(
-            tree.thought_lengths, tree.answer_lengths, aggregation=algo.loss_aggregation,
+            tree.thought_lengths,
+            tree.answer_lengths,
+            aggregation=algo.loss_aggregation,
             thought_loss_weight=algo.thought_loss_weight,
-            max_completion_tokens=config.rollout.max_thought_tokens + config.rollout.max_answer_tokens)
+            max_completion_tokens=config.rollout.max_thought_tokens + config.rollout.max_answer_tokens,
+        )
         b_count = rewards.shape[0]
         size = config.train.micro_batch_prompts
         chunks = [list(range(i, min(i + size, b_count))) for i in range(0, b_count, size)]
@@ -120,8 +133,10 @@ class Trainer(Run):
             for index, chunk in enumerate(chunks):
                 logp = self._log_probs(self.engine.model, tree, chunk)
                 if epoch == 0:  # the policy that sampled the tree: its log-probs should match the rollout's
-                    mismatch += [(logp.thought, tree.thought_logprobs[chunk], tree.thought_mask[chunk]),
-                                 (logp.answer, tree.answer_logprobs[chunk], tree.answer_mask[chunk])]
+                    mismatch += [
+                        (logp.thought, tree.thought_logprobs[chunk], tree.thought_mask[chunk]),
+                        (logp.answer, tree.answer_logprobs[chunk], tree.answer_mask[chunk]),
+                    ]
                 device = logp.thought.device
                 parts = []
                 for kind, values, mask, adv, weights in (
@@ -130,31 +145,50 @@ class Trainer(Run):
                 ):
                     dims = values.dim() - 1  # flatten [b, K(, M)] into segments
                     segments = Segments(
-                        logp=values.flatten(0, dims - 1), mask=mask[chunk].flatten(0, dims - 1).to(device),
-                        advantages=adv[chunk].flatten().to(device), token_weights=weights[chunk].flatten().to(device),
+                        logp=values.flatten(0, dims - 1),
+                        mask=mask[chunk].flatten(0, dims - 1).to(device),
+                        advantages=adv[chunk].flatten().to(device),
+                        token_weights=weights[chunk].flatten().to(device),
                         old_logp=None if old is None else getattr(old[index], kind).flatten(0, dims - 1),
-                        ref_logp=None if ref is None else getattr(ref[index], kind).flatten(0, dims - 1))
-                    parts.append(policy_loss(segments, clip_eps_low=algo.clip_eps_low,
-                                             clip_eps_high=algo.clip_eps_high, kl_beta=algo.kl_beta))
+                        ref_logp=None if ref is None else getattr(ref[index], kind).flatten(0, dims - 1),
+                    )
+                    parts.append(
+                        policy_loss(
+                            segments,
+                            clip_eps_low=algo.clip_eps_low,
+                            clip_eps_high=algo.clip_eps_high,
+                            kl_beta=algo.kl_beta,
+                        )
+                    )
                 self.engine.backward(parts[0].loss + parts[1].loss)
                 tokens = parts[0].tokens + parts[1].tokens
-                stats.add(loss=sum(float(p.loss.detach()) for p in parts),
-                          policy_loss=sum(float(p.policy_loss) for p in parts),
-                          kl_tokens=sum(float(p.kl) * p.tokens for p in parts),
-                          clipped_tokens=sum(float(p.clip_fraction) * p.tokens for p in parts), tokens=tokens)
+                stats.add(
+                    loss=sum(float(p.loss.detach()) for p in parts),
+                    policy_loss=sum(float(p.policy_loss) for p in parts),
+                    kl_tokens=sum(float(p.kl) * p.tokens for p in parts),
+                    clipped_tokens=sum(float(p.clip_fraction) * p.tokens for p in parts),
+                    tokens=tokens,
+                )
             result = self.engine.step()
             sync_weights(self.rollout, self.engine)
             grad_norms.append(result.grad_norm)
             stats.add(skipped=float(result.skipped), learning_rate=result.learning_rate)
         epochs = algo.policy_epochs
         s = stats.sums
-        return ({"loss/total": s["loss"] / epochs, "loss/policy": s["policy_loss"] / epochs,
-                 "loss/kl": s["kl_tokens"] / max(s["tokens"], 1),
-                 "loss/clip_fraction": s["clipped_tokens"] / max(s["tokens"], 1),
-                 "train/skipped_steps": s["skipped"], "train/learning_rate": s["learning_rate"] / epochs,
-                 "adv/thought_abs_mean": float(thought_adv.abs().mean()),
-                 "adv/answer_abs_mean": float(answer_adv.abs().mean()),
-                 **logprob_mismatch(mismatch).metrics()}, grad_norms)
+        return (
+            {
+                "loss/total": s["loss"] / epochs,
+                "loss/policy": s["policy_loss"] / epochs,
+                "loss/kl": s["kl_tokens"] / max(s["tokens"], 1),
+                "loss/clip_fraction": s["clipped_tokens"] / max(s["tokens"], 1),
+                "train/skipped_steps": s["skipped"],
+                "train/learning_rate": s["learning_rate"] / epochs,
+                "adv/thought_abs_mean": float(thought_adv.abs().mean()),
+                "adv/answer_abs_mean": float(answer_adv.abs().mean()),
+                **logprob_mismatch(mismatch).metrics(),
+            },
+            grad_norms,
+        )
 
     def train_step(self) -> dict[str, float]:
         """Run one training step on this rank's share of the prompts; returns the metrics (all ranks)."""
@@ -173,25 +207,38 @@ class Trainer(Run):
         local = {
             "reward/non_finite": float((~finite).sum()),
             "answers/parse_rate": float(parsed.float().mean()),
-            "groups/zero_thought_variance": float((thought_values.amax(-1) == thought_values.amin(-1)).float().mean()),
+            "groups/zero_thought_variance": float(
+                (thought_values.amax(-1) == thought_values.amin(-1)).float().mean()
+            ),
             "variance/thought_adv_estimate": float(thought_advantage_variance(rewards).nanmean()),
             "lengths/thought_mean": float(tree.thought_lengths.float().mean()),
             "lengths/answer_mean": float(tree.answer_lengths.float().mean()),
             "truncation/thought_rate": float(tree.thought_truncated.float().mean()),
             "truncation/answer_rate": float(tree.answer_truncated.float().mean()),
-            "time/rollout_s": rolled - start, "time/reward_s": scored - rolled, "time/update_s": updated - scored,
-            "tokens_per_s": float(tree.thought_mask.sum() + tree.answer_mask.sum()) / max(rolled - start, 1e-9),
+            "time/rollout_s": rolled - start,
+            "time/reward_s": scored - rolled,
+            "time/update_s": updated - scored,
+            "tokens_per_s": float(tree.thought_mask.sum() + tree.answer_mask.sum())
+            / max(rolled - start, 1e-9),
             **update,
         }
         for name, component in result.components.items():
             local[f"reward/{name}_mean"] = float(torch.tensor(component, dtype=torch.float64).nanmean())
         metrics = reduce_metrics(local)
         # Mean and std over every finite reward of every rank (ranks may hold different numbers of them).
-        sums = reduce_metrics({"n": float(values.numel()), "sum": float(values.sum()),
-                               "sq": float((values.double() ** 2).sum())}, "sum")
+        sums = reduce_metrics(
+            {
+                "n": float(values.numel()),
+                "sum": float(values.sum()),
+                "sq": float((values.double() ** 2).sum()),
+            },
+            "sum",
+        )
         mean = sums["sum"] / sums["n"] if sums["n"] else math.nan
         metrics["reward/total_mean"] = mean
-        metrics["reward/total_std"] = math.sqrt(max(sums["sq"] / sums["n"] - mean ** 2, 0.0)) if sums["n"] else math.nan
+        metrics["reward/total_std"] = (
+            math.sqrt(max(sums["sq"] / sums["n"] - mean**2, 0.0)) if sums["n"] else math.nan
+        )
         metrics.update({f"failures/{k}": float(v) for k, v in sum_over_ranks(result.failures).items()})
         metrics.update(self.gradient_metrics(grad_norms[-1]))
         metrics["time/step_s"] = time.perf_counter() - start

@@ -49,20 +49,26 @@ class PackedBatch:
     pixel_values: torch.Tensor
     image_grid_thw: torch.Tensor
     first_target_column: int  # columns before this one never predict a target (the left-padded prompt)
-    thought_source: torch.Tensor  # [b, K, Lt] predicting column of each thought token (any valid one at padding)
+    thought_source: (
+        torch.Tensor
+    )  # [b, K, Lt] predicting column of each thought token (any valid one at padding)
     answer_source: torch.Tensor  # [b, K, M, La]
 
 
-def pack(model: torch.nn.Module, tree: RolloutTree, prompt_indices: Sequence[int],
-         tokens: SpecialTokens) -> PackedBatch:
+def pack(
+    model: torch.nn.Module, tree: RolloutTree, prompt_indices: Sequence[int], tokens: SpecialTokens
+) -> PackedBatch:
     """Build the packed rows of ``prompt_indices`` (token bookkeeping on the CPU; no model forward)."""
     _, k_count, m_count = tree.shape
     lt, la = tree.thought_ids.shape[-1], tree.answer_ids.shape[-1]
     prompts = [tree.prompts[b] for b in prompt_indices]
     head = collate(prompts, [p.input_ids.tolist() for p in prompts], range(len(prompts)), tokens)
     prompt_pos, _ = rope_index_owner(model).get_rope_index(
-        input_ids=head["input_ids"], mm_token_type_ids=head["mm_token_type_ids"],
-        image_grid_thw=head["image_grid_thw"], attention_mask=head["attention_mask"])
+        input_ids=head["input_ids"],
+        mm_token_type_ids=head["mm_token_type_ids"],
+        image_grid_thw=head["image_grid_thw"],
+        attention_mask=head["attention_mask"],
+    )
     next_pos = prompt_pos.amax(dim=(0, 2)) + 1  # [b]
     width = head["input_ids"].shape[1]
 
@@ -113,38 +119,61 @@ def pack(model: torch.nn.Module, tree: RolloutTree, prompt_indices: Sequence[int
 
     # key j visible to query i: causal, real, and in the prompt or in i's own thought or i's own answer
     same_branch = (thought_of[:, None, :] == thought_of[:, :, None]) & (
-        (answer_of[:, None, :] == -1) | (answer_of[:, None, :] == answer_of[:, :, None]))
+        (answer_of[:, None, :] == -1) | (answer_of[:, None, :] == answer_of[:, :, None])
+    )
     causal = torch.ones(total, total, dtype=torch.bool).tril()
     allowed = causal & valid[:, None, :] & ((thought_of[:, None, :] == -1) | same_branch)
     allowed |= torch.eye(total, dtype=torch.bool)  # padding queries see themselves (no empty softmax rows)
     mm_types = torch.zeros((n, total), dtype=torch.long)
     mm_types[:, :width] = head["mm_token_type_ids"]
-    return PackedBatch(input_ids, position_ids, allowed, mm_types, head["pixel_values"], head["image_grid_thw"],
-                       width - 1, torch.stack(thought_source), torch.stack(answer_source))
+    return PackedBatch(
+        input_ids,
+        position_ids,
+        allowed,
+        mm_types,
+        head["pixel_values"],
+        head["image_grid_thw"],
+        width - 1,
+        torch.stack(thought_source),
+        torch.stack(answer_source),
+    )
 
 
-def shared_prefix_log_probs(model: torch.nn.Module, tree: RolloutTree, prompt_indices: Sequence[int],
-                            tokens: SpecialTokens) -> PathLogProbs:
+def shared_prefix_log_probs(
+    model: torch.nn.Module, tree: RolloutTree, prompt_indices: Sequence[int], tokens: SpecialTokens
+) -> PathLogProbs:
     """Log-probs (with grad if enabled) of the thoughts and answers of ``prompt_indices``, one packed forward."""
     module = getattr(model, "module", model)  # a DeepSpeed engine's .config is its own JSON, not the model's
     attn = getattr(module.config, "_attn_implementation", "sdpa")
     if attn not in MASKABLE_ATTENTION:
-        raise ValueError(f"shared-prefix log-probs need a 4-D attention mask; attn_implementation {attn!r} does "
-                         f"not take one (use one of {', '.join(MASKABLE_ATTENTION)}, or the naive pass)")
+        raise ValueError(
+            f"shared-prefix log-probs need a 4-D attention mask; attn_implementation {attn!r} does "
+            f"not take one (use one of {', '.join(MASKABLE_ATTENTION)}, or the naive pass)"
+        )
     parameter = next(model.parameters())
     dev, dtype = parameter.device, parameter.dtype
     packed = pack(model, tree, prompt_indices, tokens)
     mask = torch.zeros(packed.allowed.shape, dtype=dtype, device=dev).masked_fill_(
-        ~packed.allowed.to(dev), torch.finfo(dtype).min)[:, None]
+        ~packed.allowed.to(dev), torch.finfo(dtype).min
+    )[:, None]
     keep = packed.input_ids.shape[1] - packed.first_target_column
-    logits = model(input_ids=packed.input_ids.to(dev), attention_mask=mask, position_ids=packed.position_ids.to(dev),
-                   pixel_values=packed.pixel_values.to(dev, dtype), image_grid_thw=packed.image_grid_thw.to(dev),
-                   mm_token_type_ids=packed.mm_token_type_ids.to(dev), use_cache=False, logits_to_keep=keep).logits
+    logits = model(
+        input_ids=packed.input_ids.to(dev),
+        attention_mask=mask,
+        position_ids=packed.position_ids.to(dev),
+        pixel_values=packed.pixel_values.to(dev, dtype),
+        image_grid_thw=packed.image_grid_thw.to(dev),
+        mm_token_type_ids=packed.mm_token_type_ids.to(dev),
+        use_cache=False,
+        logits_to_keep=keep,
+    ).logits
     logits = logits.float()
     lse = torch.logsumexp(logits, dim=-1)  # [b, keep]: once per column, shared by all the targets it predicts
 
     def gather(source: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        rows = torch.arange(source.shape[0], device=dev).view(-1, *([1] * (source.dim() - 1))).expand_as(source)
+        rows = (
+            torch.arange(source.shape[0], device=dev).view(-1, *([1] * (source.dim() - 1))).expand_as(source)
+        )
         columns = source.to(dev) - packed.first_target_column
         return logits[rows, columns, targets.to(dev)] - lse[rows, columns]
 

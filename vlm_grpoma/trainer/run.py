@@ -45,9 +45,11 @@ def training_records(config: Config) -> list[Record]:
     kept = [r for r in records if r.task == data.task and r.split == data.train_split]
     if not kept:
         found = Counter((r.task, r.split) for r in records)
-        raise CommandError(f"data.train_path: {data.train_path} has no {data.task} records of split "
-                           f"{data.train_split!r} (data.task, data.train_split); it has "
-                           + ", ".join(f"{n} {task}/{split}" for (task, split), n in sorted(found.items())))
+        raise CommandError(
+            f"data.train_path: {data.train_path} has no {data.task} records of split "
+            f"{data.train_split!r} (data.task, data.train_split); it has "
+            + ", ".join(f"{n} {task}/{split}" for (task, split), n in sorted(found.items()))
+        )
     return kept
 
 
@@ -56,15 +58,18 @@ class Run:
 
     def __init__(self, config: Config, *, model: torch.nn.Module | None = None) -> None:
         if not config.data.train_path:
-            raise CommandError("data.train_path is empty: point it at a records.jsonl (see vlm-grpoma make-data)")
+            raise CommandError(
+                "data.train_path is empty: point it at a records.jsonl (see vlm-grpoma make-data)"
+            )
         self.config = config
         self.records = training_records(config)
         resume = _checked(lambda: resolve_resume(config.checkpoint.resume, config.logging.output_dir))
         self.engine: TrainingEngine = build_engine(config, model)
         self.dist = self.engine.dist
         self.adapter = load_adapter(config.model)
-        self.sampler = PromptSampler(len(self.records), config.train.prompts_per_step, config.seed,
-                                     config.data.shuffle)
+        self.sampler = PromptSampler(
+            len(self.records), config.train.prompts_per_step, config.seed, config.data.shuffle
+        )
         self.gss = GradientSpikeTracker()
         self.step = 0
         if resume is not None:
@@ -72,8 +77,13 @@ class Run:
             self.step = state.step
             _checked(lambda: self.sampler.load_state_dict(state.data))
             self.gss.load_state_dict(state.metrics["gss"])
-        self.logger = MetricsLogger(config.logging, total_steps=config.train.steps, initial_step=self.step,
-                                    run_config=config.to_dict(), rank=self.dist.rank)
+        self.logger = MetricsLogger(
+            config.logging,
+            total_steps=config.train.steps,
+            initial_step=self.step,
+            run_config=config.to_dict(),
+            rank=self.dist.rank,
+        )
 
     def next_records(self) -> list[Record]:
         """This rank's share of the next step's prompts."""
@@ -83,8 +93,12 @@ class Run:
     def gradient_metrics(self, grad_norm: float) -> dict[str, float]:
         """Advance the step counter and report the gradient norm with its spike score (GSS, GSS@10)."""
         self.step += 1
-        return {"train/grad_norm": grad_norm, "train/gss": self.gss.update(grad_norm),
-                "train/gss10_count": float(self.gss.spikes), "train/gss10_fraction": self.gss.spike_fraction}
+        return {
+            "train/grad_norm": grad_norm,
+            "train/gss": self.gss.update(grad_norm),
+            "train/gss10_count": float(self.gss.spikes),
+            "train/gss10_fraction": self.gss.spike_fraction,
+        }
 
     def train_step(self) -> dict[str, float]:
         raise NotImplementedError
@@ -94,11 +108,16 @@ class Run:
         return {}
 
     def save(self) -> Path:
-        return save_checkpoint(self.engine, self.config.logging.output_dir,
-                               TrainerState(step=self.step, data=self.sampler.state_dict(),
-                                            metrics={"gss": self.gss.state_dict()}),
-                               processor=self.adapter.processor, keep_last=self.config.checkpoint.keep_last,
-                               merge_lora=self.config.checkpoint.merge_lora)
+        return save_checkpoint(
+            self.engine,
+            self.config.logging.output_dir,
+            TrainerState(
+                step=self.step, data=self.sampler.state_dict(), metrics={"gss": self.gss.state_dict()}
+            ),
+            processor=self.adapter.processor,
+            keep_last=self.config.checkpoint.keep_last,
+            merge_lora=self.config.checkpoint.merge_lora,
+        )
 
     @property
     def final_model_dir(self) -> Path:
@@ -129,7 +148,9 @@ class Run:
         history = self.train()
         if self.dist.is_main and history:
             last = history[-1]
-            print(f"trained {self.step} steps; last {headline} {last[headline]:.3f}, {last['time/step_s']:.2f} "
-                  f"s/step; model in {self.final_model_dir}")
+            print(
+                f"trained {self.step} steps; last {headline} {last[headline]:.3f}, {last['time/step_s']:.2f} "
+                f"s/step; model in {self.final_model_dir}"
+            )
         self.engine.close()
         return 0

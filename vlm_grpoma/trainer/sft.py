@@ -73,22 +73,33 @@ class SFTRun(Run):
         start = time.perf_counter()
         records = self.next_records()
         prompts = self.adapter.build_inputs(records)
-        targets = [torch.tensor(self.adapter.tokenizer(target_text(self.adapter, r), add_special_tokens=False)
-                                .input_ids, dtype=torch.long) for r in records]
+        targets = [
+            torch.tensor(
+                self.adapter.tokenizer(target_text(self.adapter, r), add_special_tokens=False).input_ids,
+                dtype=torch.long,
+            )
+            for r in records
+        ]
         total_tokens = sum(len(t) for t in targets)
         size = self.config.train.micro_batch_prompts
         loss_sum = 0.0
         for first in range(0, len(records), size):
             rows = list(range(first, min(first + size, len(records))))
-            logp = completion_log_probs(self.engine.model, prompts, rows, [targets[i] for i in rows],
-                                        self.adapter.tokens)
+            logp = completion_log_probs(
+                self.engine.model, prompts, rows, [targets[i] for i in rows], self.adapter.tokens
+            )
             loss = -logp.sum() / total_tokens
             self.engine.backward(loss)
             loss_sum += float(loss.detach())
         result = self.engine.step()
-        metrics = reduce_metrics({"sft/nll": loss_sum, "sft/target_tokens": float(total_tokens),
-                                  "train/skipped_steps": float(result.skipped),
-                                  "train/learning_rate": result.learning_rate})
+        metrics = reduce_metrics(
+            {
+                "sft/nll": loss_sum,
+                "sft/target_tokens": float(total_tokens),
+                "train/skipped_steps": float(result.skipped),
+                "train/learning_rate": result.learning_rate,
+            }
+        )
         metrics.update(self.gradient_metrics(result.grad_norm))
         metrics["time/step_s"] = time.perf_counter() - start
         return metrics

@@ -30,8 +30,9 @@ def output_path(out: str | Path) -> Path:
     return out if out.suffix == ".jsonl" else out / "records.jsonl"
 
 
-def convert(source_format: str, input_path: str | Path, output: str | Path,
-            image_root: str | Path | None = None) -> tuple[Path, list[Record], dict[str, int]]:
+def convert(
+    source_format: str, input_path: str | Path, output: str | Path, image_root: str | Path | None = None
+) -> tuple[Path, list[Record], dict[str, int]]:
     """Convert ``input_path`` and write the records; returns (records file, records, counts)."""
     src, target = Path(input_path), output_path(output)
     root = Path(image_root) if image_root else None
@@ -56,14 +57,19 @@ def convert(source_format: str, input_path: str | Path, output: str | Path,
 
 def main(args: argparse.Namespace) -> int:
     try:
-        path, records, counts = convert(args.source_format, args.input, args.output,
-                                        getattr(args, "image_root", None))
+        path, records, counts = convert(
+            args.source_format, args.input, args.output, getattr(args, "image_root", None)
+        )
     except (ConvertError, RecordError) as err:
         raise CommandError(str(err)) from None
     splits = Counter(r.split for r in records)
     print(f"wrote {len(records)} {records[0].task} records from {args.source_format} {args.input} to {path}")
-    print("  splits: " + ", ".join(f"{k}={v}" for k, v in sorted(splits.items()))
-          + "; " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+    print(
+        "  splits: "
+        + ", ".join(f"{k}={v}" for k, v in sorted(splits.items()))
+        + "; "
+        + ", ".join(f"{k}={v}" for k, v in counts.items())
+    )
     return 0
 
 

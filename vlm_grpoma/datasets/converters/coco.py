@@ -23,8 +23,14 @@ from vlm_grpoma.datasets.converters.common import (
 )
 from vlm_grpoma.datasets.schema import Record
 
-_PLURALS = {"person": "people", "mouse": "mice", "knife": "knives", "sheep": "sheep", "skis": "skis",
-            "scissors": "scissors"}
+_PLURALS = {
+    "person": "people",
+    "mouse": "mice",
+    "knife": "knives",
+    "sheep": "sheep",
+    "skis": "skis",
+    "scissors": "scissors",
+}
 
 
 def plural(name: str) -> str:
@@ -82,8 +88,9 @@ def index_instances(path: Path) -> CocoIndex:
         if require(ann, "category_id", int, where) not in categories:
             raise ConvertError(f"{where}: category_id {ann['category_id']} is not in categories")
         bbox = require(ann, "bbox", list, where)
-        if len(bbox) != 4 or any(isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c)
-                                 for c in bbox):
+        if len(bbox) != 4 or any(
+            isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) for c in bbox
+        ):
             raise ConvertError(f"{where}: bbox must be [x, y, w, h] of finite numbers, got {bbox}")
         annotations[aid] = ann
     return CocoIndex(images, categories, annotations)
@@ -101,8 +108,14 @@ def xywh_to_box(bbox: list[float], image: CocoImage, label: str) -> Box | None:
 
 def image_roots(json_path: Path, split_dir: str) -> list[Path]:
     parent = json_path.parent
-    return [parent, parent.parent / split_dir, parent.parent / "images" / split_dir, parent.parent / "images",
-            parent / "images", parent.parent]
+    return [
+        parent,
+        parent.parent / split_dir,
+        parent.parent / "images" / split_dir,
+        parent.parent / "images",
+        parent / "images",
+        parent.parent,
+    ]
 
 
 def convert_coco(json_path: Path, image_root: Path | None = None) -> tuple[list[Record], dict[str, int]]:
@@ -131,10 +144,24 @@ def convert_coco(json_path: Path, image_root: Path | None = None) -> tuple[list[
         if not kept:
             continue
         expr = f"all the {plural(name)}"
-        records.append(Record(
-            id=f"coco-{image_id}-{cat_id}", image=str(root / image.file_name), task="detection",
-            prompt=f"Find {expr}.", width=image.width, height=image.height,
-            ground_truth=Boxes(tuple(b for _, b in kept)), split=split,
-            meta={"source": "coco", "image_id": image_id, "category_id": cat_id, "category": name,
-                  "annotation_ids": [aid for aid, _ in kept], "expression": expr}))
+        records.append(
+            Record(
+                id=f"coco-{image_id}-{cat_id}",
+                image=str(root / image.file_name),
+                task="detection",
+                prompt=f"Find {expr}.",
+                width=image.width,
+                height=image.height,
+                ground_truth=Boxes(tuple(b for _, b in kept)),
+                split=split,
+                meta={
+                    "source": "coco",
+                    "image_id": image_id,
+                    "category_id": cat_id,
+                    "category": name,
+                    "annotation_ids": [aid for aid, _ in kept],
+                    "expression": expr,
+                },
+            )
+        )
     return records, counts

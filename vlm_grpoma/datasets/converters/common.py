@@ -26,7 +26,9 @@ def load_json(path: Path) -> Any:
     except FileNotFoundError:
         raise ConvertError(f"{path}: file not found") from None
     except json.JSONDecodeError as err:
-        raise ConvertError(f"{path}: invalid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+        raise ConvertError(
+            f"{path}: invalid JSON: {err.msg} at line {err.lineno} column {err.colno}"
+        ) from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConvertError(f"{path}: cannot read: {err}") from None
 
@@ -65,8 +67,9 @@ def find_image_root(file_name: str, candidates: Sequence[Path], where: str) -> P
         if (root / file_name).is_file():
             return root
     tried = ", ".join(str(c) for c in candidates)
-    raise ConvertError(f"{where}: image {file_name!r} not found under any of: {tried} "
-                       "(pass the image folder explicitly)")
+    raise ConvertError(
+        f"{where}: image {file_name!r} not found under any of: {tried} (pass the image folder explicitly)"
+    )
 
 
 def clean_instruction(text: str) -> str:
@@ -90,17 +93,24 @@ def is_normalised(points: Sequence[Sequence[float]]) -> bool:
 def parse_xy_list(value: Any, where: str) -> list[tuple[float, float]]:
     """A non-empty list of [x, y] pairs of finite numbers."""
     if not isinstance(value, list) or not value:
-        raise ConvertError(f"{where}: points must be a non-empty list of [x, y], got {json.dumps(value)[:80]}")
+        raise ConvertError(
+            f"{where}: points must be a non-empty list of [x, y], got {json.dumps(value)[:80]}"
+        )
     points = []
     for i, p in enumerate(value):
-        if (not isinstance(p, (list, tuple)) or len(p) != 2
-                or any(isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) for c in p)):
+        if (
+            not isinstance(p, (list, tuple))
+            or len(p) != 2
+            or any(isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) for c in p)
+        ):
             raise ConvertError(f"{where}: point {i} must be [x, y] with finite numbers, got {json.dumps(p)}")
         points.append((float(p[0]), float(p[1])))
     return points
 
 
-def to_pixels(points: Sequence[tuple[float, float]], width: int, height: int, where: str) -> tuple[list[XY], bool]:
+def to_pixels(
+    points: Sequence[tuple[float, float]], width: int, height: int, where: str
+) -> tuple[list[XY], bool]:
     """Pixel points (scaled when normalised, see :func:`is_normalised`) and whether they were normalised.
 
     Points up to ``BORDER_TOLERANCE`` px outside the image are clipped to it; farther ones are an error.
@@ -110,15 +120,17 @@ def to_pixels(points: Sequence[tuple[float, float]], width: int, height: int, wh
     for i, (x, y) in enumerate(points):
         if normalised:
             x, y = x * width, y * height
-        if not (-BORDER_TOLERANCE <= x <= width + BORDER_TOLERANCE
-                and -BORDER_TOLERANCE <= y <= height + BORDER_TOLERANCE):
+        if not (
+            -BORDER_TOLERANCE <= x <= width + BORDER_TOLERANCE
+            and -BORDER_TOLERANCE <= y <= height + BORDER_TOLERANCE
+        ):
             raise ConvertError(f"{where}: point {i} ({x:g}, {y:g}) is outside the {width}x{height} image")
         out.append((min(max(x, 0.0), float(width)), min(max(y, 0.0), float(height))))
     return out, normalised
 
 
 def split_from_name(name: str) -> str:
-    """"train" / "val" / "test" from a file name like instances_val2017.json (default "train")."""
+    """ "train" / "val" / "test" from a file name like instances_val2017.json (default "train")."""
     lowered = name.lower()
     for split in ("train", "val", "test"):
         if split in lowered:

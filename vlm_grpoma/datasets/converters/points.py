@@ -71,7 +71,10 @@ def convert_robopoint(json_path: Path, image_root: Path | None = None) -> tuple[
         for t in range(0, len(turns) - 1, 2):
             human, gpt = turns[t], turns[t + 1]
             turn_where = f"{where}: conversations[{t}:{t + 2}]"
-            if require(human, "from", str, turn_where) != "human" or require(gpt, "from", str, turn_where) != "gpt":
+            if (
+                require(human, "from", str, turn_where) != "human"
+                or require(gpt, "from", str, turn_where) != "gpt"
+            ):
                 raise ConvertError(f"{turn_where}: expected a human turn followed by a gpt turn")
             points = parse_point_answer(require(gpt, "value", str, turn_where))
             if points is None:
@@ -81,11 +84,24 @@ def convert_robopoint(json_path: Path, image_root: Path | None = None) -> tuple[
             pixels, normalised = to_pixels(points, *size, turn_where)
             counts["point_turns"] += 1
             counts["normalised"] += normalised
-            records.append(Record(
-                id=f"robopoint-{entry_id}-{t // 2}", image=str(image), task="affordance",
-                prompt=clean_instruction(require(human, "value", str, turn_where)), width=size[0], height=size[1],
-                ground_truth=Points(tuple(pixels)), split="train",
-                meta={"source": "robopoint", "source_id": entry_id, "turn": t // 2, "normalised_input": normalised}))
+            records.append(
+                Record(
+                    id=f"robopoint-{entry_id}-{t // 2}",
+                    image=str(image),
+                    task="affordance",
+                    prompt=clean_instruction(require(human, "value", str, turn_where)),
+                    width=size[0],
+                    height=size[1],
+                    ground_truth=Points(tuple(pixels)),
+                    split="train",
+                    meta={
+                        "source": "robopoint",
+                        "source_id": entry_id,
+                        "turn": t // 2,
+                        "normalised_input": normalised,
+                    },
+                )
+            )
     return records, counts
 
 
@@ -121,15 +137,25 @@ def convert_where2place(folder: Path, out_dir: Path) -> tuple[list[Record], dict
         except ImageLoadError as err:
             raise ConvertError(f"{where}: {err}") from None
         if grey.shape != (height, width):
-            raise ConvertError(f"{where}: mask is {grey.shape[1]}x{grey.shape[0]} but the image is {width}x{height}")
+            raise ConvertError(
+                f"{where}: mask is {grey.shape[1]}x{grey.shape[0]} but the image is {width}x{height}"
+            )
         region = grey >= 128  # JPEG masks: compression noise sits well below the threshold
         if not region.any():
             raise ConvertError(f"{where}: mask is empty")
         mask_path = out_dir / "masks" / f"where2place-{qid}.png"
         Image.fromarray(region.astype(np.uint8) * 255, "L").save(mask_path, format="PNG")
-        records.append(Record(
-            id=f"where2place-{qid}", image=str(image), task="affordance",
-            prompt=clean_instruction(require(row, "text", str, where)), width=width, height=height,
-            ground_truth=MaskRef(str(mask_path)), split="test",
-            meta={"source": "where2place", "question_id": qid, "category": row.get("category", "")}))
+        records.append(
+            Record(
+                id=f"where2place-{qid}",
+                image=str(image),
+                task="affordance",
+                prompt=clean_instruction(require(row, "text", str, where)),
+                width=width,
+                height=height,
+                ground_truth=MaskRef(str(mask_path)),
+                split="test",
+                meta={"source": "where2place", "question_id": qid, "category": row.get("category", "")},
+            )
+        )
     return records, {"questions": len(records)}

@@ -30,13 +30,21 @@ def _locate(path: Path) -> tuple[Path, Path]:
         found = [path / n for n in _REFS_NAMES if (path / n).is_file()]
         if not found:
             pickles = sorted(p.name for p in path.glob("refs*.p"))
-            hint = (f"; found {pickles}: pickles are not loaded (they can run code), dump the refs list to JSON "
-                    "as documented in vlm_grpoma/datasets/converters/refcoco.py") if pickles else ""
+            hint = (
+                (
+                    f"; found {pickles}: pickles are not loaded (they can run code), dump the refs list to JSON "
+                    "as documented in vlm_grpoma/datasets/converters/refcoco.py"
+                )
+                if pickles
+                else ""
+            )
             raise ConvertError(f"{path}: no refs JSON ({', '.join(_REFS_NAMES)}){hint}")
         refs, folder = found[0], path
     elif path.suffix == ".p":
-        raise ConvertError(f"{path}: pickled refs are not loaded (they can run code); dump the list to JSON "
-                           "as documented in vlm_grpoma/datasets/converters/refcoco.py")
+        raise ConvertError(
+            f"{path}: pickled refs are not loaded (they can run code); dump the list to JSON "
+            "as documented in vlm_grpoma/datasets/converters/refcoco.py"
+        )
     else:
         refs, folder = path, path.parent
     instances = folder / "instances.json"
@@ -63,16 +71,22 @@ def convert_refcoco(path: Path, image_root: Path | None = None) -> tuple[list[Re
             raise ConvertError(f"{where}: ann_id {ann_id} is not in {instances_path}")
         ann = index.annotations[ann_id]
         if ann["image_id"] != image_id:
-            raise ConvertError(f"{where}: image_id {image_id} differs from annotation {ann_id}'s {ann['image_id']}")
+            raise ConvertError(
+                f"{where}: image_id {image_id} differs from annotation {ann_id}'s {ann['image_id']}"
+            )
         image, label = index.images[image_id], index.categories[ann["category_id"]]
         box = xywh_to_box(ann["bbox"], image, label)
         if box is None:
             counts["empty_box"] += 1
             continue
         if root is None:
-            candidates = [instances_path.parent / "images", instances_path.parent.parent / "images" / "train2014",
-                          instances_path.parent.parent / "train2014", instances_path.parent.parent / "images",
-                          instances_path.parent]
+            candidates = [
+                instances_path.parent / "images",
+                instances_path.parent.parent / "images" / "train2014",
+                instances_path.parent.parent / "train2014",
+                instances_path.parent.parent / "images",
+                instances_path.parent,
+            ]
             root = find_image_root(image.file_name, candidates, where)
         counts["refs"] += 1
         for j, sentence in enumerate(sentences):
@@ -80,9 +94,25 @@ def convert_refcoco(path: Path, image_root: Path | None = None) -> tuple[list[Re
             if not text:
                 raise ConvertError(f"{where}: sentences[{j}] is empty")
             sent_id = sentence.get("sent_id", j)
-            records.append(Record(
-                id=f"refcoco-{ref_id}-{sent_id}", image=str(root / image.file_name), task="detection",
-                prompt=f'Find "{text}".', width=image.width, height=image.height, ground_truth=Boxes((box,)),
-                split=split, meta={"source": "refcoco", "ref_id": ref_id, "ann_id": ann_id, "image_id": image_id,
-                                   "sent_id": sent_id, "category": label, "expression": text}))
+            records.append(
+                Record(
+                    id=f"refcoco-{ref_id}-{sent_id}",
+                    image=str(root / image.file_name),
+                    task="detection",
+                    prompt=f'Find "{text}".',
+                    width=image.width,
+                    height=image.height,
+                    ground_truth=Boxes((box,)),
+                    split=split,
+                    meta={
+                        "source": "refcoco",
+                        "ref_id": ref_id,
+                        "ann_id": ann_id,
+                        "image_id": image_id,
+                        "sent_id": sent_id,
+                        "category": label,
+                        "expression": text,
+                    },
+                )
+            )
     return records, counts

@@ -38,12 +38,18 @@ def _size(entry: dict, path: Path, where: str) -> tuple[int, int]:
             return image_size(path)
         except ImageLoadError as err:
             raise ConvertError(f"{where}: no meta_data size and {err}") from None
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and v == int(v) for v in (w, h)):
-        raise ConvertError(f"{where}: meta_data original_width/height must be positive integers, got {w}, {h}")
+    if not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and v == int(v) for v in (w, h)
+    ):
+        raise ConvertError(
+            f"{where}: meta_data original_width/height must be positive integers, got {w}, {h}"
+        )
     return int(w), int(h)
 
 
-def convert_sharerobot(json_path: Path, image_root: Path | None = None) -> tuple[list[Record], dict[str, int]]:
+def convert_sharerobot(
+    json_path: Path, image_root: Path | None = None
+) -> tuple[list[Record], dict[str, int]]:
     """Trajectory records and counts (how many inputs were normalised)."""
     entries = load_json(json_path)
     if not isinstance(entries, list) or not entries:
@@ -67,7 +73,17 @@ def convert_sharerobot(json_path: Path, image_root: Path | None = None) -> tuple
         meta = {"source": "sharerobot", "source_id": entry.get("id"), "normalised_input": normalised}
         if isinstance(entry.get("meta_data"), dict) and "original_dataset" in entry["meta_data"]:
             meta["original_dataset"] = entry["meta_data"]["original_dataset"]
-        records.append(Record(id=f"sharerobot-{i:06d}", image=str(image), task="trajectory", prompt=instruction,
-                              width=width, height=height, ground_truth=Trajectory(tuple(pixels)),
-                              split="train", meta=meta))
+        records.append(
+            Record(
+                id=f"sharerobot-{i:06d}",
+                image=str(image),
+                task="trajectory",
+                prompt=instruction,
+                width=width,
+                height=height,
+                ground_truth=Trajectory(tuple(pixels)),
+                split="train",
+                meta=meta,
+            )
+        )
     return records, counts

@@ -14,9 +14,11 @@ def _generate_sapien(task: str, n: int, out: Path, seed: int, split: str) -> Pat
     try:
         from vlm_grpoma.datasets.synthetic.sapien import generate
     except ImportError as err:
-        raise CommandError(f"the sapien source is not available ({err}); it needs the SAPIEN simulator "
-                           "(pip install 'sapien>=3.0.3,<3.1', Linux x86_64) and vlm_grpoma.datasets.synthetic."
-                           "sapien") from None
+        raise CommandError(
+            f"the sapien source is not available ({err}); it needs the SAPIEN simulator "
+            "(pip install 'sapien>=3.0.3,<3.1', Linux x86_64) and vlm_grpoma.datasets.synthetic."
+            "sapien"
+        ) from None
     return generate(task, n, out, seed, split)
 
 
@@ -35,8 +37,10 @@ def main(args: argparse.Namespace) -> int:
         from vlm_grpoma.datasets.synthetic.shapes import PRESETS, SHAPE_TASKS, generate_shapes
 
         if args.task not in SHAPE_TASKS:
-            raise CommandError(f"--source shapes makes {', '.join(SHAPE_TASKS)}, not {args.task}; "
-                               "use --source sapien for manipulation")
+            raise CommandError(
+                f"--source shapes makes {', '.join(SHAPE_TASKS)}, not {args.task}; "
+                "use --source sapien for manipulation"
+            )
         difficulty = getattr(args, "difficulty", None) or "normal"
         if difficulty not in PRESETS:
             raise CommandError(f"--difficulty must be one of {sorted(PRESETS)}, got {difficulty!r}")
@@ -49,9 +53,13 @@ def main(args: argparse.Namespace) -> int:
     kinds = Counter(type(r.ground_truth).__name__ for r in records)
     splits = Counter(r.split for r in records)
     print(f"wrote {len(records)} {args.task} records ({args.source}, seed {args.seed}) to {path}")
-    print("  splits: " + ", ".join(f"{k}={v}" for k, v in sorted(splits.items()))
-          + "; ground truth: " + ", ".join(f"{k}={v}" for k, v in sorted(kinds.items()))
-          + f"; images in {path.parent / 'images'}")
+    print(
+        "  splits: "
+        + ", ".join(f"{k}={v}" for k, v in sorted(splits.items()))
+        + "; ground truth: "
+        + ", ".join(f"{k}={v}" for k, v in sorted(kinds.items()))
+        + f"; images in {path.parent / 'images'}"
+    )
     return 0
 
 

@@ -43,8 +43,10 @@ def generate(task: str, n: int, out_dir: Path, seed: int, split: str) -> Path:
     if task not in TASKS:
         raise CommandError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     if split not in SPLITS:
-        raise CommandError(f"--split {split!r} is not a SAPIEN split; choose train (seen categories, training "
-                           "instances), seen (held-out instances) or unseen (held-out categories)")
+        raise CommandError(
+            f"--split {split!r} is not a SAPIEN split; choose train (seen categories, training "
+            "instances), seen (held-out instances) or unseen (held-out categories)"
+        )
     ok, reason = rendering_status(in_process=True)
     if not ok:
         raise CommandError(f"SAPIEN records need rendered images but rendering is unavailable: {reason}")
@@ -54,13 +56,16 @@ def generate(task: str, n: int, out_dir: Path, seed: int, split: str) -> Path:
     with path.open("w") as f:
         for index in range(n):
             spec, oracle = sample_split_episode(split, index, seed, width=IMAGE_SIZE, height=IMAGE_SIZE)
-            record = render_record(task, f"sapien-{task}-{split}-{seed}-{index:06d}", split, spec, oracle, out_dir)
+            record = render_record(
+                task, f"sapien-{task}-{split}-{seed}-{index:06d}", split, spec, oracle, out_dir
+            )
             f.write(json.dumps(record_to_json(record)) + "\n")
     return path
 
 
-def render_record(task: str, record_id: str, split: str, spec: EpisodeSpec, oracle: ContactAction,
-                  out_dir: Path) -> Record:
+def render_record(
+    task: str, record_id: str, split: str, spec: EpisodeSpec, oracle: ContactAction, out_dir: Path
+) -> Record:
     """Render one episode to ``out_dir/images/<record_id>.png`` and build its ``task`` record."""
     built = prepare(spec, render=True)
     views = render(built, spec.camera)
@@ -75,8 +80,10 @@ def _name(spec: EpisodeSpec) -> str:
 
 
 def _manipulation(record_id, image, split, spec, oracle, built, views, out_dir) -> Record:
-    prompt = (f"open the {_name(spec)} by pulling its {spec.target_label}; give the contact pixel and the "
-              "gripper's up and forward directions in the camera frame (x forward, y left, z up)")
+    prompt = (
+        f"open the {_name(spec)} by pulling its {spec.target_label}; give the contact pixel and the "
+        "gripper's up and forward directions in the camera frame (x forward, y left, z up)"
+    )
     return _record(record_id, image, "manipulation", prompt, split, oracle, spec)
 
 
@@ -104,7 +111,9 @@ def _detection(record_id, image, split, spec, oracle, built, views, out_dir) -> 
     for link in built.obj.movable:
         ys, xs = np.nonzero(views.mask(link.name))
         if len(xs) >= MIN_MASK_PIXELS:
-            boxes.append(Box(float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1), link.label))
+            boxes.append(
+                Box(float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1), link.label)
+            )
     prompt = f"every movable part of the {_name(spec)} (door, drawer, lid or screen)"
     return _record(record_id, image, "detection", prompt, split, Boxes(tuple(boxes)), spec)
 
@@ -133,10 +142,25 @@ def contact_path(built: BuiltScene, camera: CameraSpec, spec: EpisodeSpec, oracl
     return tuple((float(x), float(y)) for x, y in path)
 
 
-def _record(record_id, image, task, prompt, split, gt, spec: EpisodeSpec, extra: dict | None = None) -> Record:
-    return Record(record_id, image, task, prompt, spec.camera.width, spec.camera.height, gt, split,
-                  spec.to_meta() | (extra or {}))
+def _record(
+    record_id, image, task, prompt, split, gt, spec: EpisodeSpec, extra: dict | None = None
+) -> Record:
+    return Record(
+        record_id,
+        image,
+        task,
+        prompt,
+        spec.camera.width,
+        spec.camera.height,
+        gt,
+        split,
+        spec.to_meta() | (extra or {}),
+    )
 
 
-_RECORD_MAKERS = {"manipulation": _manipulation, "affordance": _affordance, "trajectory": _trajectory,
-                  "detection": _detection}
+_RECORD_MAKERS = {
+    "manipulation": _manipulation,
+    "affordance": _affordance,
+    "trajectory": _trajectory,
+    "detection": _detection,
+}

@@ -70,15 +70,22 @@ class ShapesConfig:
         if self.image_size < 64:
             problems.append(f"image_size must be >= 64, got {self.image_size}")
         if not 8 <= self.min_shape_size <= self.max_shape_size <= self.image_size // 2:
-            problems.append("need 8 <= min_shape_size <= max_shape_size <= image_size / 2, got "
-                            f"{self.min_shape_size}, {self.max_shape_size}, {self.image_size}")
+            problems.append(
+                "need 8 <= min_shape_size <= max_shape_size <= image_size / 2, got "
+                f"{self.min_shape_size}, {self.max_shape_size}, {self.image_size}"
+            )
         if not 0 <= self.min_distractors <= self.max_distractors <= 8:
-            problems.append("need 0 <= min_distractors <= max_distractors <= 8, got "
-                            f"{self.min_distractors}, {self.max_distractors}")
+            problems.append(
+                "need 0 <= min_distractors <= max_distractors <= 8, got "
+                f"{self.min_distractors}, {self.max_distractors}"
+            )
         if self.difficulty not in DIFFICULTIES:
             problems.append(f"difficulty must be one of {DIFFICULTIES}, got {self.difficulty!r}")
-        for name, values, known in (("shapes", self.shapes, SHAPES), ("colours", self.colours, tuple(COLOURS)),
-                                    ("backgrounds", self.backgrounds, BACKGROUNDS)):
+        for name, values, known in (
+            ("shapes", self.shapes, SHAPES),
+            ("colours", self.colours, tuple(COLOURS)),
+            ("backgrounds", self.backgrounds, BACKGROUNDS),
+        ):
             unknown = [v for v in values if v not in known]
             if not values or unknown:
                 problems.append(f"{name} must be a non-empty subset of {known}, got {values}")
@@ -89,8 +96,17 @@ class ShapesConfig:
 
 
 #: The CPU demo preset (NOTES-STACK.md): 112x112, one or two shapes, "Find the red square.".
-EASY = ShapesConfig(image_size=112, min_distractors=0, max_distractors=1, min_shape_size=16, max_shape_size=48,
-                    difficulty="easy", shapes=("square", "circle"), backgrounds=("solid",), multi_fraction=0.0)
+EASY = ShapesConfig(
+    image_size=112,
+    min_distractors=0,
+    max_distractors=1,
+    min_shape_size=16,
+    max_shape_size=48,
+    difficulty="easy",
+    shapes=("square", "circle"),
+    backgrounds=("solid",),
+    multi_fraction=0.0,
+)
 PRESETS: dict[str, ShapesConfig] = {"easy": EASY, "normal": ShapesConfig()}
 
 
@@ -163,7 +179,9 @@ def _draw_shape(canvas: tuple[int, int], kind: str, x0: int, y0: int, w: int, h:
     raise ValueError(f"unknown shape {kind!r}")
 
 
-def _draw_tool(canvas: tuple[int, int], kind: str, x0: int, y0: int, s: int, flip: bool) -> dict[str, np.ndarray]:
+def _draw_tool(
+    canvas: tuple[int, int], kind: str, x0: int, y0: int, s: int, flip: bool
+) -> dict[str, np.ndarray]:
     """Part masks of a tool; the handle is on the right, or on the left when ``flip``."""
     w, h = _footprint(kind, s, 0)
     if kind == "mug":
@@ -172,8 +190,10 @@ def _draw_tool(canvas: tuple[int, int], kind: str, x0: int, y0: int, s: int, fli
         edge = bx0 if flip else bx0 + body_w - 1
         cy = y0 + (h - 1) // 2
         body = _canvas_mask(canvas, lambda d: d.rectangle([bx0, y0, bx0 + body_w - 1, y0 + h - 1], fill=255))
-        ring = _canvas_mask(canvas, lambda d: d.ellipse([edge - r, cy - r, edge + r, cy + r], outline=255,
-                                                        width=max(2, s // 9)))
+        ring = _canvas_mask(
+            canvas,
+            lambda d: d.ellipse([edge - r, cy - r, edge + r, cy + r], outline=255, width=max(2, s // 9)),
+        )
         return {"body": body, "handle": ring & ~body}
     d_head = round(0.7 * s)
     hx0 = x0 + w - d_head if flip else x0
@@ -181,7 +201,9 @@ def _draw_tool(canvas: tuple[int, int], kind: str, x0: int, y0: int, s: int, fli
     t = max(3, s // 7)
     cy, hcx = y0 + (d_head - 1) // 2, hx0 + (d_head - 1) // 2
     sx0, sx1 = (x0, hcx) if flip else (hcx, x0 + w - 1)
-    stick = _canvas_mask(canvas, lambda d: d.rectangle([sx0, cy - t // 2, sx1, cy - t // 2 + t - 1], fill=255))
+    stick = _canvas_mask(
+        canvas, lambda d: d.rectangle([sx0, cy - t // 2, sx1, cy - t // 2 + t - 1], fill=255)
+    )
     return {"head": head, "handle": stick & ~head}
 
 
@@ -198,12 +220,16 @@ class _Scene:
             bx0, by0, bx1, by1 = o.box
             if x0 < bx1 + _GAP and bx0 < x0 + w + _GAP and y0 < by1 + _GAP and by0 < y0 + h + _GAP:
                 return False
-        if self.keepout is not None and self.keepout[max(0, y0 - _GAP):y0 + h + _GAP,
-                                                      max(0, x0 - _GAP):x0 + w + _GAP].any():
+        if (
+            self.keepout is not None
+            and self.keepout[max(0, y0 - _GAP) : y0 + h + _GAP, max(0, x0 - _GAP) : x0 + w + _GAP].any()
+        ):
             return False
         return 0 <= x0 and 0 <= y0 and x0 + w <= self.size and y0 + h <= self.size
 
-    def _spot(self, rng: np.random.Generator, w: int, h: int, centre: tuple[float, float] | None) -> tuple | None:
+    def _spot(
+        self, rng: np.random.Generator, w: int, h: int, centre: tuple[float, float] | None
+    ) -> tuple | None:
         for _ in range(_ATTEMPTS if centre is None else 1):
             if centre is None:
                 x0, y0 = int(rng.integers(0, self.size - w + 1)), int(rng.integers(0, self.size - h + 1))
@@ -256,8 +282,17 @@ def _background(rng: np.random.Generator, kind: str, size: int) -> np.ndarray:
         pixels = a * (1 - t[..., None]) + b * t[..., None]
     elif kind == "noise":
         coarse = rng.uniform(-25, 25, size=(8, 8, 3))
-        blobs = np.stack([np.asarray(Image.fromarray(coarse[..., c].astype(np.float32), "F")
-                                     .resize((size, size), Image.Resampling.BILINEAR)) for c in range(3)], -1)
+        blobs = np.stack(
+            [
+                np.asarray(
+                    Image.fromarray(coarse[..., c].astype(np.float32), "F").resize(
+                        (size, size), Image.Resampling.BILINEAR
+                    )
+                )
+                for c in range(3)
+            ],
+            -1,
+        )
         pixels = _pale(rng) + blobs + rng.uniform(-8, 8, size=(size, size, 3))
     else:
         raise ValueError(f"unknown background {kind!r}")
@@ -275,7 +310,7 @@ def _relation_holds(rel: str, a: _Obj, b: _Obj) -> bool:
 
 
 def _basic_description(obj: _Obj, objects: list[_Obj], use_size: bool) -> str | None:
-    """"the red circle" or "the large red circle" if that identifies ``obj`` uniquely, else None."""
+    """ "the red circle" or "the large red circle" if that identifies ``obj`` uniquely, else None."""
     if not [o for o in objects if o is not obj and o.name == obj.name]:
         return f"the {obj.name}"
     same = [o for o in objects if o is not obj and o.name == obj.name and o.size == obj.size]
@@ -284,7 +319,9 @@ def _basic_description(obj: _Obj, objects: list[_Obj], use_size: bool) -> str | 
     return None
 
 
-def _referring_expression(rng: np.random.Generator, target: _Obj, objects: list[_Obj], easy: bool) -> str | None:
+def _referring_expression(
+    rng: np.random.Generator, target: _Obj, objects: list[_Obj], easy: bool
+) -> str | None:
     """An expression that picks out only ``target``, or None: the plain one ("the [size] colour kind") when
     unique, though 30 % of the time a relational one ("... left of the blue circle") instead if one exists."""
     basic = _basic_description(target, objects, use_size=not easy)
@@ -321,7 +358,9 @@ def _size_class(rng: np.random.Generator, cfg: ShapesConfig) -> str:
     return "" if cfg.difficulty == "easy" else _pick(rng, ("small", "large"))
 
 
-def _add_distractors(rng, scene: _Scene, cfg: ShapesConfig, count: int, avoid: set[str] = frozenset()) -> None:
+def _add_distractors(
+    rng, scene: _Scene, cfg: ShapesConfig, count: int, avoid: set[str] = frozenset()
+) -> None:
     for _ in range(count):
         kind, colour = _pick(rng, cfg.shapes), _pick(rng, cfg.colours)
         if f"{colour} {kind}" in avoid:
@@ -354,7 +393,9 @@ def _detection(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, list[_Obj], 
         twin_cls = _pick(rng, ("small", "large"))
         scene.add_shape(rng, kind, colour, twin_cls, _size(rng, cfg, twin_cls))
         n_distractors -= 1
-    _add_distractors(rng, scene, cfg, n_distractors, avoid={target.name} if cfg.difficulty == "easy" else set())
+    _add_distractors(
+        rng, scene, cfg, n_distractors, avoid={target.name} if cfg.difficulty == "easy" else set()
+    )
     expr = _referring_expression(rng, target, scene.objects, easy=cfg.difficulty == "easy")
     if expr is None:
         return None
@@ -375,12 +416,22 @@ def _affordance(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, _Obj, str, 
             scene.add_tool(rng, other_kind, other_colour, max(_size(rng, cfg, "", cap=cap), 24))
     _add_distractors(rng, scene, cfg, int(rng.integers(cfg.min_distractors, cfg.max_distractors + 1)))
     expr = f"the {part} of the {target.name}"
-    return f"Point to {expr}.", target, part, {"expression": expr, "part": part,
-                                               "part_box": list(_mask_box(target.parts[part]))}
+    return (
+        f"Point to {expr}.",
+        target,
+        part,
+        {"expression": expr, "part": part, "part_box": list(_mask_box(target.parts[part]))},
+    )
 
 
-def _detour(start: np.ndarray, goal: np.ndarray, centre: np.ndarray, radius: float,
-            size: int, rng: np.random.Generator) -> list[tuple[float, float]] | None:
+def _detour(
+    start: np.ndarray,
+    goal: np.ndarray,
+    centre: np.ndarray,
+    radius: float,
+    size: int,
+    rng: np.random.Generator,
+) -> list[tuple[float, float]] | None:
     """start -> two corners -> goal, every segment at least ``radius`` from ``centre``, inside the image.
 
     In coordinates along u = (goal - start)/|goal - start| and its normal n, with the centre at (a, e):
@@ -419,7 +470,9 @@ def _trajectory(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, list[tuple[
     (sk, sc), (gk, gc), (ok, oc) = (names[i] for i in picks)
     s_obs = _size(rng, cfg, "", cap=cap)
     margin = cfg.image_size * 0.3
-    obstacle = scene.add_shape(rng, ok, oc, "", s_obs, centre=tuple(rng.uniform(margin, cfg.image_size - margin, 2)))
+    obstacle = scene.add_shape(
+        rng, ok, oc, "", s_obs, centre=tuple(rng.uniform(margin, cfg.image_size - margin, 2))
+    )
     if obstacle is None:
         return None
     c = _centre(obstacle.box)
@@ -430,7 +483,9 @@ def _trajectory(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, list[tuple[
     for kind, colour, sign in ((sk, sc, -1.0), (gk, gc, 1.0)):
         s = _size(rng, cfg, "", cap=cap)
         dist = radius + s * 0.75 + rng.uniform(2, 12)
-        centre = c + sign * dist * u + rng.uniform(-0.08, 0.08) * s_obs * n  # the straight line hits the obstacle
+        centre = (
+            c + sign * dist * u + rng.uniform(-0.08, 0.08) * s_obs * n
+        )  # the straight line hits the obstacle
         ends.append(scene.add_shape(rng, kind, colour, "", s, centre=tuple(centre)))
     if None in ends:
         return None
@@ -438,11 +493,21 @@ def _trajectory(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, list[tuple[
     if path is None:
         return None
     scene.keepout = _canvas_mask((cfg.image_size, cfg.image_size), lambda d: d.line(path, fill=255, width=3))
-    _add_distractors(rng, scene, cfg, int(rng.integers(cfg.min_distractors, cfg.max_distractors + 1)),
-                     avoid={o.name for o in scene.objects})
+    _add_distractors(
+        rng,
+        scene,
+        cfg,
+        int(rng.integers(cfg.min_distractors, cfg.max_distractors + 1)),
+        avoid={o.name for o in scene.objects},
+    )
     expr = f"a path from the {ends[0].name} to the {ends[1].name} around the {obstacle.name}"
-    meta = {"expression": expr, "start": 1, "goal": 2, "obstacle": 0,
-            "clearance_disc": [round(float(c[0]), 3), round(float(c[1]), 3), round(radius, 3)]}
+    meta = {
+        "expression": expr,
+        "start": 1,
+        "goal": 2,
+        "obstacle": 0,
+        "clearance_disc": [round(float(c[0]), 3), round(float(c[1]), 3), round(radius, 3)],
+    }
     return f"Draw {expr}.", path, meta
 
 
@@ -486,14 +551,30 @@ def make_record(task: str, index: int, out_dir: Path, seed: int, split: str, cfg
         image_path.parent.mkdir(parents=True, exist_ok=True)
         scene.render(rng, background).save(image_path, format="PNG")
         meta.update(extra, objects=[o.to_json() for o in scene.objects])
-        return Record(id=f"shapes-{task}-{stem}", image=str(image_path), task=task, prompt=prompt,  # type: ignore[arg-type]
-                      width=cfg.image_size, height=cfg.image_size, ground_truth=gt, split=split, meta=meta)
-    raise ValueError(f"could not build a {task} scene in {_ATTEMPTS} attempts; the ShapesConfig is too "
-                     f"restrictive: {cfg}")
+        return Record(
+            id=f"shapes-{task}-{stem}",
+            image=str(image_path),
+            task=task,
+            prompt=prompt,  # type: ignore[arg-type]
+            width=cfg.image_size,
+            height=cfg.image_size,
+            ground_truth=gt,
+            split=split,
+            meta=meta,
+        )
+    raise ValueError(
+        f"could not build a {task} scene in {_ATTEMPTS} attempts; the ShapesConfig is too restrictive: {cfg}"
+    )
 
 
-def generate_shapes(task: str, n: int, out_dir: str | Path, seed: int = 0, split: str = "train",
-                    config: ShapesConfig | None = None) -> Path:
+def generate_shapes(
+    task: str,
+    n: int,
+    out_dir: str | Path,
+    seed: int = 0,
+    split: str = "train",
+    config: ShapesConfig | None = None,
+) -> Path:
     """Write ``n`` records of ``task`` with images/ (and masks/) under ``out_dir``; returns records.jsonl."""
     cfg = config or ShapesConfig()
     cfg.validate()
@@ -506,5 +587,14 @@ def generate_shapes(task: str, n: int, out_dir: str | Path, seed: int = 0, split
     return write_records(out / "records.jsonl", records)
 
 
-__all__ = ["COLOURS", "EASY", "PRESETS", "SHAPES", "SHAPE_TASKS", "TOOLS", "ShapesConfig", "generate_shapes",
-           "make_record"]
+__all__ = [
+    "COLOURS",
+    "EASY",
+    "PRESETS",
+    "SHAPES",
+    "SHAPE_TASKS",
+    "TOOLS",
+    "ShapesConfig",
+    "generate_shapes",
+    "make_record",
+]

@@ -34,8 +34,13 @@ class CameraSpec:
 
     @classmethod
     def from_json(cls, data: dict) -> CameraSpec:
-        return cls(tuple(data["position"]), tuple(data["target"]), int(data["width"]), int(data["height"]),
-                   float(data["fovy_deg"]))
+        return cls(
+            tuple(data["position"]),
+            tuple(data["target"]),
+            int(data["width"]),
+            int(data["height"]),
+            float(data["fovy_deg"]),
+        )
 
     def to_json(self) -> dict:
         return asdict(self) | {"position": list(self.position), "target": list(self.target)}
@@ -61,8 +66,13 @@ class CameraSpec:
     def project(self, points: np.ndarray) -> np.ndarray:
         """World points [N, 3] -> pixel coordinates [N, 2] (points must be in front of the camera)."""
         cam = (np.asarray(points, float) - np.array(self.position)) @ self.rotation()
-        return np.stack([self.width / 2 - self.focal * cam[:, 1] / cam[:, 0],
-                         self.height / 2 - self.focal * cam[:, 2] / cam[:, 0]], axis=1)
+        return np.stack(
+            [
+                self.width / 2 - self.focal * cam[:, 1] / cam[:, 0],
+                self.height / 2 - self.focal * cam[:, 2] / cam[:, 0],
+            ],
+            axis=1,
+        )
 
     def to_camera(self, vector: np.ndarray) -> np.ndarray:
         return self.rotation().T @ np.asarray(vector, float)
@@ -71,8 +81,9 @@ class CameraSpec:
         return self.rotation() @ np.asarray(vector, float)
 
 
-def sample_camera(rng: np.random.Generator, bounds: tuple[np.ndarray, np.ndarray], width: int = 336,
-                  height: int = 336) -> CameraSpec:
+def sample_camera(
+    rng: np.random.Generator, bounds: tuple[np.ndarray, np.ndarray], width: int = 336, height: int = 336
+) -> CameraSpec:
     """A ManipLLM-like viewpoint looking at the centre of the object's bounds (lo, hi)."""
     lo, hi = (np.asarray(b, dtype=np.float64) for b in bounds)
     centre = (lo + hi) / 2
@@ -80,9 +91,16 @@ def sample_camera(rng: np.random.Generator, bounds: tuple[np.ndarray, np.ndarray
     elevation = rng.uniform(*ELEVATION)
     azimuth = rng.uniform(*AZIMUTH)
     distance = extent * rng.uniform(*DISTANCE_PER_EXTENT)
-    offset = distance * np.array([math.cos(elevation) * math.cos(azimuth),
-                                  math.cos(elevation) * math.sin(azimuth), math.sin(elevation)])
-    return CameraSpec(tuple(float(v) for v in centre + offset), tuple(float(v) for v in centre), width, height)
+    offset = distance * np.array(
+        [
+            math.cos(elevation) * math.cos(azimuth),
+            math.cos(elevation) * math.sin(azimuth),
+            math.sin(elevation),
+        ]
+    )
+    return CameraSpec(
+        tuple(float(v) for v in centre + offset), tuple(float(v) for v in centre), width, height
+    )
 
 
 @dataclass(frozen=True)
@@ -135,8 +153,13 @@ def raycast_image(built: BuiltScene, camera: CameraSpec, stride: int = 1) -> tup
     rot = camera.rotation()
     for i, y in enumerate(ys):
         for j, x in enumerate(xs):
-            d = rot @ np.array([1.0, -(x + 0.5 - camera.width / 2) / camera.focal,
-                                -(y + 0.5 - camera.height / 2) / camera.focal])
+            d = rot @ np.array(
+                [
+                    1.0,
+                    -(x + 0.5 - camera.width / 2) / camera.focal,
+                    -(y + 0.5 - camera.height / 2) / camera.focal,
+                ]
+            )
             hit = built.scene.physx_system.raycast(origin, d / np.linalg.norm(d), FAR)
             name = _part_hit(built, hit)
             if name is not None:
@@ -172,7 +195,9 @@ def render(built: BuiltScene, camera: CameraSpec) -> Views:
     sapien = import_sapien()
     if not _RENDER_KEEPALIVE:
         _RENDER_KEEPALIVE.append(sapien.render.RenderSystem())
-    cam = built.scene.add_camera("camera", camera.width, camera.height, math.radians(camera.fovy_deg), NEAR, FAR)
+    cam = built.scene.add_camera(
+        "camera", camera.width, camera.height, math.radians(camera.fovy_deg), NEAR, FAR
+    )
     rot = camera.rotation()
     cam.entity.set_pose(sapien.Pose(camera.position, _matrix_to_quat(rot)))
     built.scene.update_render()

@@ -38,7 +38,11 @@ class SuctionGripper:
         self.body = body
         self.arm = built.scene.create_drive(None, sapien.Pose(), self.entity, sapien.Pose())
         impulse = max_force * timestep
-        for set_axis in (self.arm.set_drive_property_x, self.arm.set_drive_property_y, self.arm.set_drive_property_z):
+        for set_axis in (
+            self.arm.set_drive_property_x,
+            self.arm.set_drive_property_y,
+            self.arm.set_drive_property_z,
+        ):
             set_axis(ARM_STIFFNESS, ARM_DAMPING, impulse)
         self.arm.set_drive_property_slerp(ARM_STIFFNESS, ARM_DAMPING, impulse)
         self.move_to(position)
@@ -56,10 +60,14 @@ class SuctionGripper:
         local = rot.T @ (np.asarray(world_point, float) - trans)
         gripper_pose = self.entity.pose
         in_gripper = gripper_pose.inv() * sapien.Pose(world_point)
-        self.suction = self.built.scene.create_drive(self.entity, sapien.Pose(in_gripper.p), component,
-                                                     sapien.Pose(local))
-        for set_axis in (self.suction.set_drive_property_x, self.suction.set_drive_property_y,
-                         self.suction.set_drive_property_z):
+        self.suction = self.built.scene.create_drive(
+            self.entity, sapien.Pose(in_gripper.p), component, sapien.Pose(local)
+        )
+        for set_axis in (
+            self.suction.set_drive_property_x,
+            self.suction.set_drive_property_y,
+            self.suction.set_drive_property_z,
+        ):
             set_axis(SUCTION_STIFFNESS, SUCTION_DAMPING, self._suction_impulse)
         self.suction.set_drive_target(sapien.Pose())
         return local

@@ -84,11 +84,13 @@ class ArticulatedObject:
 
 def quat_to_matrix(q: Quat) -> np.ndarray:
     w, x, y, z = q
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-    ])
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+        ]
+    )
 
 
 def quat_x_to(axis: Vec3) -> Quat:
@@ -142,8 +144,14 @@ def _box(size: Vec3, pos: Vec3, colour: Vec3, label: str) -> Shape:
 
 
 def _cylinder(radius: float, half_length: float, pos: Vec3, axis: Vec3, colour: Vec3, label: str) -> Shape:
-    return Shape("cylinder", (float(radius), float(half_length), 0.0), tuple(float(v) for v in pos),
-                 quat_x_to(axis), colour, label)
+    return Shape(
+        "cylinder",
+        (float(radius), float(half_length), 0.0),
+        tuple(float(v) for v in pos),
+        quat_x_to(axis),
+        colour,
+        label,
+    )
 
 
 # ------------------------------------------------------------------------------------------- parts kit
@@ -188,8 +196,12 @@ class _Kit:
         else:
             bar = _cylinder(thick, length / 2, tuple(bar_centre), along, colour, "handle")
         posts = tuple(
-            _box(tuple(np.abs(n) * (standoff - thick) / 2 + (1 - np.abs(n)) * thick * 0.8),
-                 tuple(f + n * (standoff - thick) / 2 + a * side * length * 0.4), colour, "handle")
+            _box(
+                tuple(np.abs(n) * (standoff - thick) / 2 + (1 - np.abs(n)) * thick * 0.8),
+                tuple(f + n * (standoff - thick) / 2 + a * side * length * 0.4),
+                colour,
+                "handle",
+            )
             for side in (-1, 1)
         )
         return (bar, *posts)
@@ -199,21 +211,41 @@ def _body(kit: _Kit, w: float, d: float, h: float, z0: float = 0.0) -> Shape:
     return _box((d / 2, w / 2, h / 2), (0.0, 0.0, z0 + h / 2), kit.colour(), "body")
 
 
-def _side_door(kit: _Kit, name: str, y0: float, y1: float, z0: float, z1: float, front_x: float,
-               hinge_at_low_y: bool, label: str = "door", handle_length: float | None = None) -> Link:
+def _side_door(
+    kit: _Kit,
+    name: str,
+    y0: float,
+    y1: float,
+    z0: float,
+    z1: float,
+    front_x: float,
+    hinge_at_low_y: bool,
+    label: str = "door",
+    handle_length: float | None = None,
+) -> Link:
     """A door panel on the front face, hinged on a vertical edge; the handle sits near the free edge."""
     t = kit.u(0.015, 0.03)
     colour = kit.colour()
-    panel = _box((t / 2, (y1 - y0) / 2 - 0.003, (z1 - z0) / 2 - 0.003),
-                 (front_x - t / 2, (y0 + y1) / 2, (z0 + z1) / 2), colour, label)
+    panel = _box(
+        (t / 2, (y1 - y0) / 2 - 0.003, (z1 - z0) / 2 - 0.003),
+        (front_x - t / 2, (y0 + y1) / 2, (z0 + z1) / 2),
+        colour,
+        label,
+    )
     free_y = y1 - 0.12 * (y1 - y0) if hinge_at_low_y else y0 + 0.12 * (y1 - y0)
     zh = z0 + kit.u(0.35, 0.65) * (z1 - z0)
     length = handle_length or min(0.6 * (z1 - z0), kit.u(0.08, 0.25))
     handle = kit.handle((front_x - t, free_y, zh), (-1.0, 0.0, 0.0), (0.0, 0.0, 1.0), length)
     hinge_y = y0 if hinge_at_low_y else y1
     friction, damping = kit.joint_physics()
-    joint = Joint("revolute", (front_x - t / 2, hinge_y, (z0 + z1) / 2), (0.0, 0.0, 1.0 if hinge_at_low_y else -1.0),
-                  (0.0, kit.u(1.6, 2.2)), friction, damping)
+    joint = Joint(
+        "revolute",
+        (front_x - t / 2, hinge_y, (z0 + z1) / 2),
+        (0.0, 0.0, 1.0 if hinge_at_low_y else -1.0),
+        (0.0, kit.u(1.6, 2.2)),
+        friction,
+        damping,
+    )
     return Link(name, label, (panel, *handle), joint)
 
 
@@ -224,19 +256,33 @@ def _drawer(kit: _Kit, name: str, w: float, d: float, z0: float, z1: float, fron
     height = z1 - z0 - 0.01
     front = _box((t / 2, w / 2 - 0.005, height / 2), (front_x - t / 2, 0.0, (z0 + z1) / 2), colour, "drawer")
     depth = 0.8 * d
-    tray = _box((depth / 2, w / 2 - 0.03, height * 0.35), (front_x + depth / 2, 0.0, (z0 + z1) / 2),
-                colour, "drawer")
+    tray = _box(
+        (depth / 2, w / 2 - 0.03, height * 0.35), (front_x + depth / 2, 0.0, (z0 + z1) / 2), colour, "drawer"
+    )
     length = min(0.7 * w, kit.u(0.1, 0.3))
-    handle = kit.handle((front_x - t, 0.0, (z0 + z1) / 2 + kit.u(-0.2, 0.2) * height), (-1.0, 0.0, 0.0),
-                        (0.0, 1.0, 0.0), length)
+    handle = kit.handle(
+        (front_x - t, 0.0, (z0 + z1) / 2 + kit.u(-0.2, 0.2) * height),
+        (-1.0, 0.0, 0.0),
+        (0.0, 1.0, 0.0),
+        length,
+    )
     friction, damping = kit.joint_physics()
-    joint = Joint("prismatic", (front_x, 0.0, (z0 + z1) / 2), (-1.0, 0.0, 0.0), (0.0, 0.7 * depth),
-                  friction, damping)
+    joint = Joint(
+        "prismatic", (front_x, 0.0, (z0 + z1) / 2), (-1.0, 0.0, 0.0), (0.0, 0.7 * depth), friction, damping
+    )
     return Link(name, "drawer", (front, tray, *handle), joint)
 
 
-def _top_lid(kit: _Kit, name: str, w: float, d: float, top_z: float, label: str = "lid",
-             with_handle: bool = True, round_radius: float = 0.0) -> Link:
+def _top_lid(
+    kit: _Kit,
+    name: str,
+    w: float,
+    d: float,
+    top_z: float,
+    label: str = "lid",
+    with_handle: bool = True,
+    round_radius: float = 0.0,
+) -> Link:
     """A lid lying on top, hinged along its back (+x) edge; lifting the front opens it."""
     t = kit.u(0.015, 0.04) if label == "lid" else kit.u(0.008, 0.015)
     colour = kit.colour()
@@ -248,12 +294,14 @@ def _top_lid(kit: _Kit, name: str, w: float, d: float, top_z: float, label: str 
         front_x = -d / 2
     shapes: tuple[Shape, ...] = (plate,)
     if with_handle:
-        shapes += kit.handle((front_x, 0.0, top_z + t / 2), (-1.0, 0.0, 0.0), (0.0, 1.0, 0.0),
-                             min(0.5 * w, kit.u(0.06, 0.18)))
+        shapes += kit.handle(
+            (front_x, 0.0, top_z + t / 2), (-1.0, 0.0, 0.0), (0.0, 1.0, 0.0), min(0.5 * w, kit.u(0.06, 0.18))
+        )
     friction, damping = kit.joint_physics()
     back_x = round_radius if round_radius else d / 2
-    joint = Joint("revolute", (back_x, 0.0, top_z + t / 2), (0.0, 1.0, 0.0), (0.0, kit.u(1.4, 2.0)),
-                  friction, damping)
+    joint = Joint(
+        "revolute", (back_x, 0.0, top_z + t / 2), (0.0, 1.0, 0.0), (0.0, kit.u(1.4, 2.0)), friction, damping
+    )
     return Link(name, label, shapes, joint)
 
 
@@ -265,13 +313,17 @@ def _drawer_cabinet(kit: _Kit) -> tuple[Link, ...]:
     n = int(kit.rng.integers(1, 4))
     plinth = kit.u(0.03, 0.08)
     edges = np.linspace(plinth, h - 0.03, n + 1)
-    drawers = tuple(_drawer(kit, f"drawer_{i}", w - 0.04, d, edges[i], edges[i + 1], -d / 2) for i in range(n))
+    drawers = tuple(
+        _drawer(kit, f"drawer_{i}", w - 0.04, d, edges[i], edges[i + 1], -d / 2) for i in range(n)
+    )
     return (Link("body", "body", (_body(kit, w, d, h),)), *drawers)
 
 
 def _cabinet_door(kit: _Kit) -> tuple[Link, ...]:
     w, d, h = kit.u(0.4, 0.8), kit.u(0.35, 0.55), kit.u(0.5, 1.1)
-    door = _side_door(kit, "door_0", -w / 2 + 0.01, w / 2 - 0.01, 0.05, h - 0.02, -d / 2, bool(kit.rng.integers(2)))
+    door = _side_door(
+        kit, "door_0", -w / 2 + 0.01, w / 2 - 0.01, 0.05, h - 0.02, -d / 2, bool(kit.rng.integers(2))
+    )
     return (Link("body", "body", (_body(kit, w, d, h),)), door)
 
 
@@ -281,8 +333,9 @@ def _refrigerator(kit: _Kit) -> tuple[Link, ...]:
     low_y = bool(kit.rng.integers(2))
     doors = (
         _side_door(kit, "door_0", -w / 2, w / 2, 0.05, split, -d / 2, low_y, handle_length=0.5 * split),
-        _side_door(kit, "door_1", -w / 2, w / 2, split + 0.01, h, -d / 2, low_y,
-                   handle_length=0.5 * (h - split)),
+        _side_door(
+            kit, "door_1", -w / 2, w / 2, split + 0.01, h, -d / 2, low_y, handle_length=0.5 * (h - split)
+        ),
     )
     return (Link("body", "body", (_body(kit, w, d, h),)), *doors)
 
@@ -291,10 +344,15 @@ def _microwave(kit: _Kit) -> tuple[Link, ...]:
     w, d, h = kit.u(0.45, 0.65), kit.u(0.35, 0.45), kit.u(0.28, 0.38)
     door_w = w * kit.u(0.68, 0.8)
     body = _body(kit, w, d, h)
-    panel = _box((0.005, (w - door_w) / 2 - 0.01, h / 2 - 0.02), (-d / 2 - 0.005, -w / 2 + (w - door_w) / 2, h / 2),
-                 (0.1, 0.1, 0.12), "body")
-    door = _side_door(kit, "door_0", -w / 2 + (w - door_w), w / 2, 0.01, h - 0.01, -d / 2, False,
-                      handle_length=0.6 * h)
+    panel = _box(
+        (0.005, (w - door_w) / 2 - 0.01, h / 2 - 0.02),
+        (-d / 2 - 0.005, -w / 2 + (w - door_w) / 2, h / 2),
+        (0.1, 0.1, 0.12),
+        "body",
+    )
+    door = _side_door(
+        kit, "door_0", -w / 2 + (w - door_w), w / 2, 0.01, h - 0.01, -d / 2, False, handle_length=0.6 * h
+    )
     return (Link("body", "body", (body, panel)), door)
 
 
@@ -306,7 +364,10 @@ def _box_lid(kit: _Kit) -> tuple[Link, ...]:
 def _laptop(kit: _Kit) -> tuple[Link, ...]:
     w, d, h = kit.u(0.3, 0.42), kit.u(0.22, 0.3), kit.u(0.015, 0.03)
     base = _box((d / 2, w / 2, h / 2), (0.0, 0.0, h / 2), kit.colour(), "body")
-    return (Link("body", "body", (base,)), _top_lid(kit, "screen_0", w, d, h, label="screen", with_handle=False))
+    return (
+        Link("body", "body", (base,)),
+        _top_lid(kit, "screen_0", w, d, h, label="screen", with_handle=False),
+    )
 
 
 def _oven(kit: _Kit) -> tuple[Link, ...]:
@@ -315,11 +376,19 @@ def _oven(kit: _Kit) -> tuple[Link, ...]:
     t = kit.u(0.02, 0.035)
     colour = kit.colour()
     z0 = 0.08
-    panel = _box((t / 2, w / 2 - 0.01, (door_top - z0) / 2), (-d / 2 - t / 2, 0.0, (z0 + door_top) / 2), colour, "door")
-    handle = kit.handle((-d / 2 - t, 0.0, door_top - 0.12 * (door_top - z0)), (-1.0, 0.0, 0.0), (0.0, 1.0, 0.0),
-                        min(0.7 * w, kit.u(0.25, 0.5)))
+    panel = _box(
+        (t / 2, w / 2 - 0.01, (door_top - z0) / 2), (-d / 2 - t / 2, 0.0, (z0 + door_top) / 2), colour, "door"
+    )
+    handle = kit.handle(
+        (-d / 2 - t, 0.0, door_top - 0.12 * (door_top - z0)),
+        (-1.0, 0.0, 0.0),
+        (0.0, 1.0, 0.0),
+        min(0.7 * w, kit.u(0.25, 0.5)),
+    )
     friction, damping = kit.joint_physics()
-    joint = Joint("revolute", (-d / 2 - t / 2, 0.0, z0), (0.0, -1.0, 0.0), (0.0, kit.u(1.3, 1.57)), friction, damping)
+    joint = Joint(
+        "revolute", (-d / 2 - t / 2, 0.0, z0), (0.0, -1.0, 0.0), (0.0, kit.u(1.3, 1.57)), friction, damping
+    )
     return (Link("body", "body", (_body(kit, w, d, h),)), Link("door_0", "door", (panel, *handle), joint))
 
 
@@ -344,13 +413,23 @@ def _table_drawer(kit: _Kit) -> tuple[Link, ...]:
     colour = kit.colour()
     top_t, apron = kit.u(0.03, 0.05), kit.u(0.12, 0.18)
     leg = kit.u(0.03, 0.05)
-    shapes = [_box((d / 2, w / 2, top_t / 2), (0.0, 0.0, h - top_t / 2), colour, "body"),
-              _box((d / 2 - 0.02, w / 2 - 0.02, apron / 2), (0.02, 0.0, h - top_t - apron / 2), colour, "body")]
+    shapes = [
+        _box((d / 2, w / 2, top_t / 2), (0.0, 0.0, h - top_t / 2), colour, "body"),
+        _box((d / 2 - 0.02, w / 2 - 0.02, apron / 2), (0.02, 0.0, h - top_t - apron / 2), colour, "body"),
+    ]
     for sx in (-1, 1):
         for sy in (-1, 1):
-            shapes.append(_box((leg / 2, leg / 2, (h - top_t) / 2),
-                               (sx * (d / 2 - leg), sy * (w / 2 - leg), (h - top_t) / 2), colour, "body"))
-    drawer = _drawer(kit, "drawer_0", w * kit.u(0.4, 0.6), d - 0.04, h - top_t - apron, h - top_t, -d / 2 + 0.02)
+            shapes.append(
+                _box(
+                    (leg / 2, leg / 2, (h - top_t) / 2),
+                    (sx * (d / 2 - leg), sy * (w / 2 - leg), (h - top_t) / 2),
+                    colour,
+                    "body",
+                )
+            )
+    drawer = _drawer(
+        kit, "drawer_0", w * kit.u(0.4, 0.6), d - 0.04, h - top_t - apron, h - top_t, -d / 2 + 0.02
+    )
     return (Link("body", "body", tuple(shapes)), drawer)
 
 
@@ -366,13 +445,27 @@ GENERATORS: dict[str, Callable[[_Kit], tuple[Link, ...]]] = {
     "wardrobe": _wardrobe,
     "table_drawer": _table_drawer,
 }
-SEEN_CATEGORIES: tuple[str, ...] = ("drawer_cabinet", "cabinet_door", "refrigerator", "microwave", "box_lid", "laptop")
+SEEN_CATEGORIES: tuple[str, ...] = (
+    "drawer_cabinet",
+    "cabinet_door",
+    "refrigerator",
+    "microwave",
+    "box_lid",
+    "laptop",
+)
 UNSEEN_CATEGORIES: tuple[str, ...] = ("oven", "trash_can", "wardrobe", "table_drawer")
 #: What a person calls each category in a prompt.
 DISPLAY_NAMES: dict[str, str] = {
-    "drawer_cabinet": "drawer cabinet", "cabinet_door": "cabinet", "refrigerator": "refrigerator",
-    "microwave": "microwave", "box_lid": "storage box", "laptop": "laptop", "oven": "oven",
-    "trash_can": "trash can", "wardrobe": "wardrobe", "table_drawer": "desk",
+    "drawer_cabinet": "drawer cabinet",
+    "cabinet_door": "cabinet",
+    "refrigerator": "refrigerator",
+    "microwave": "microwave",
+    "box_lid": "storage box",
+    "laptop": "laptop",
+    "oven": "oven",
+    "trash_can": "trash can",
+    "wardrobe": "wardrobe",
+    "table_drawer": "desk",
 }
 
 
@@ -399,8 +492,10 @@ def _scaled(obj: ArticulatedObject, f: float) -> ArticulatedObject:
         limits = (j.limits[0] * f, j.limits[1] * f) if j.type == "prismatic" else j.limits
         return replace(j, origin=tuple(v * f for v in j.origin), limits=limits)
 
-    links = tuple(replace(link, shapes=tuple(shape(s) for s in link.shapes), joint=joint(link.joint))
-                  for link in obj.links)
+    links = tuple(
+        replace(link, shapes=tuple(shape(s) for s in link.shapes), joint=joint(link.joint))
+        for link in obj.links
+    )
     return replace(obj, links=links)
 
 

@@ -75,8 +75,13 @@ class _Worker:
 class SimPool:
     """``SimPool(workers)``; ``map(jobs)`` runs ``(name, args, kwargs)`` jobs and returns results in order."""
 
-    def __init__(self, workers: int = 0, *, job_deadline_s: float = DEFAULT_EXEC.timeout_s + HARD_DEADLINE_SLACK_S,
-                 start_method: str = "spawn"):
+    def __init__(
+        self,
+        workers: int = 0,
+        *,
+        job_deadline_s: float = DEFAULT_EXEC.timeout_s + HARD_DEADLINE_SLACK_S,
+        start_method: str = "spawn",
+    ):
         # 0: this process's share of the cores (the launcher's LOCAL_WORLD_SIZE ranks share one machine)
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         self.size = workers if workers > 0 else max(1, (os.cpu_count() or 1) // local_ranks)
@@ -144,13 +149,19 @@ class SimPool:
                 running -= 1
         return results
 
-    def execute(self, episodes: Sequence[tuple[EpisodeSpec, ContactAction]],
-                config: ExecConfig = DEFAULT_EXEC) -> list[Outcome]:
+    def execute(
+        self, episodes: Sequence[tuple[EpisodeSpec, ContactAction]], config: ExecConfig = DEFAULT_EXEC
+    ) -> list[Outcome]:
         """Score (spec, action) pairs in parallel; crashed or failed jobs come back as failed outcomes."""
         results = self.map([("execute", (spec, action, config), {}) for spec, action in episodes])
-        return [r if isinstance(r, Outcome) else
-                Outcome.failed(r.reason, detail=r.detail) if isinstance(r, WorkerCrash) else
-                Outcome.failed("sim_error", detail=str(r)) for r in results]
+        return [
+            r
+            if isinstance(r, Outcome)
+            else Outcome.failed(r.reason, detail=r.detail)
+            if isinstance(r, WorkerCrash)
+            else Outcome.failed("sim_error", detail=str(r))
+            for r in results
+        ]
 
     def close(self) -> None:
         for worker in self._workers:

@@ -61,10 +61,15 @@ class BuiltScene:
 
     def bounds(self, part: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """World axis-aligned bounds of the collision shapes of the object (or of one part), as it stands."""
-        boxes = [c.compute_global_aabb_tight() for name, c in self.link_components.items()
-                 if c.collision_shapes and (part is None or self.owner[name] == part)]
+        boxes = [
+            c.compute_global_aabb_tight()
+            for name, c in self.link_components.items()
+            if c.collision_shapes and (part is None or self.owner[name] == part)
+        ]
         if not boxes:
-            raise ValueError(f"{self.obj.category}: {'part ' + part if part else 'object'} has no collision shapes")
+            raise ValueError(
+                f"{self.obj.category}: {'part ' + part if part else 'object'} has no collision shapes"
+            )
         boxes = np.asarray(boxes, dtype=np.float64)
         return boxes[:, 0].min(0), boxes[:, 1].max(0)
 
@@ -109,8 +114,9 @@ def _finish(scene, obj: ArticulatedObject, articulation) -> BuiltScene:
     return BuiltScene(scene, obj, articulation, components, joint_index, owner)
 
 
-def build_scene(obj: ArticulatedObject, *, render: bool = False, timestep: float = TIMESTEP,
-                via_urdf: bool = False) -> BuiltScene:
+def build_scene(
+    obj: ArticulatedObject, *, render: bool = False, timestep: float = TIMESTEP, via_urdf: bool = False
+) -> BuiltScene:
     """Create the scene and the articulation (root fixed at the origin), directly from the object's
     primitives or, with ``via_urdf``, through its emitted URDF and SAPIEN's URDF loader."""
     sapien, scene = _new_scene(render, timestep)
@@ -124,7 +130,9 @@ def build_scene(obj: ArticulatedObject, *, render: bool = False, timestep: float
     return _finish(scene, obj, articulation)
 
 
-def build_urdf_scene(urdf_path: str | Path, *, render: bool = False, timestep: float = TIMESTEP) -> BuiltScene:
+def build_urdf_scene(
+    urdf_path: str | Path, *, render: bool = False, timestep: float = TIMESTEP
+) -> BuiltScene:
     """Load a URDF object (root fixed where the file puts it) and describe its parts from the kinematics."""
     sapien, scene = _new_scene(render, timestep)
     articulation = load_articulation(scene, urdf_path, render=render)
@@ -139,9 +147,21 @@ def build_urdf_scene(urdf_path: str | Path, *, render: bool = False, timestep: f
         lo, hi = (float(v) for v in np.asarray(joint.limits, dtype=np.float64)[0])
         kind = "prismatic" if joint.type == "prismatic" else "revolute"
         axis = tuple(float(v) for v in quat_to_matrix(tuple(pose.q))[:, 0])
-        links.append(Link(joint.child_link.name, joint.child_link.name, (),
-                          Joint(kind, tuple(float(v) for v in pose.p), axis, (lo, hi), float(joint.friction),
-                                float(joint.damping))))
+        links.append(
+            Link(
+                joint.child_link.name,
+                joint.child_link.name,
+                (),
+                Joint(
+                    kind,
+                    tuple(float(v) for v in pose.p),
+                    axis,
+                    (lo, hi),
+                    float(joint.friction),
+                    float(joint.damping),
+                ),
+            )
+        )
     obj = ArticulatedObject(f"urdf:{Path(urdf_path).parent.name or Path(urdf_path).stem}", 0, tuple(links))
     return _finish(scene, obj, articulation)
 
@@ -157,8 +177,9 @@ def _build_articulation(sapien, scene, obj: ArticulatedObject, render: bool):
         if link.joint is not None:
             j = link.joint
             lb.set_joint_name(f"joint_{link.name}")
-            lb.set_joint_properties(j.type, [list(j.limits)], pose_in_parent=frame, pose_in_child=sapien.Pose(),
-                                    damping=j.damping)
+            lb.set_joint_properties(
+                j.type, [list(j.limits)], pose_in_parent=frame, pose_in_child=sapien.Pose(), damping=j.damping
+            )
         inverse = frame.inv()
         for s in link.shapes:
             pose = inverse * sapien.Pose(s.pos, s.quat)

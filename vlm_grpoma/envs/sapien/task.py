@@ -70,17 +70,30 @@ class EpisodeSpec:
 
     def to_meta(self) -> dict:
         obj = {"category": self.category, "seed": self.seed} | ({"urdf": self.urdf} if self.urdf else {})
-        return {"object": obj, "camera": self.camera.to_json(),
-                "target_link": self.target_link, "target_label": self.target_label, "primitive": self.primitive,
-                "initial_qpos": dict(self.initial_qpos), "episode_seed": self.episode_seed}
+        return {
+            "object": obj,
+            "camera": self.camera.to_json(),
+            "target_link": self.target_link,
+            "target_label": self.target_label,
+            "primitive": self.primitive,
+            "initial_qpos": dict(self.initial_qpos),
+            "episode_seed": self.episode_seed,
+        }
 
     @classmethod
     def from_meta(cls, meta: dict) -> EpisodeSpec:
         try:
-            return cls(meta["object"]["category"], int(meta["object"]["seed"]), CameraSpec.from_json(meta["camera"]),
-                       meta["target_link"], meta["target_label"], meta.get("primitive", "pull"),
-                       {k: float(v) for k, v in meta.get("initial_qpos", {}).items()}, int(meta.get("episode_seed", 0)),
-                       str(meta["object"].get("urdf", "")))
+            return cls(
+                meta["object"]["category"],
+                int(meta["object"]["seed"]),
+                CameraSpec.from_json(meta["camera"]),
+                meta["target_link"],
+                meta["target_label"],
+                meta.get("primitive", "pull"),
+                {k: float(v) for k, v in meta.get("initial_qpos", {}).items()},
+                int(meta.get("episode_seed", 0)),
+                str(meta["object"].get("urdf", "")),
+            )
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"manipulation meta is missing or has a bad field ({err!r}): {meta!r}") from err
 
@@ -163,8 +176,15 @@ def execute(spec: EpisodeSpec, action: ContactAction, config: ExecConfig = DEFAU
     return _run(built, link, hit, approach, spec.primitive, config, start)
 
 
-def _run(built: BuiltScene, link: Link, hit: Hit, approach: np.ndarray, primitive: Primitive,
-         config: ExecConfig, start: float) -> Outcome:
+def _run(
+    built: BuiltScene,
+    link: Link,
+    hit: Hit,
+    approach: np.ndarray,
+    primitive: Primitive,
+    config: ExecConfig,
+    start: float,
+) -> Outcome:
     index = built.joint_index[link.name]
     gripper = SuctionGripper(built, hit.point, approach, config.max_force)
     local = gripper.attach(link.name, hit.point)
@@ -182,8 +202,12 @@ def _run(built: BuiltScene, link: Link, hit: Hit, approach: np.ndarray, primitiv
     qpos = built.qpos()
     rot, trans = built.link_pose(link.name)
     moved = rot @ local + trans - hit.point
-    if not (np.all(np.isfinite(qpos)) and np.all(np.isfinite(moved))
-            and np.all(np.isfinite(gripper.position())) and np.linalg.norm(moved) < 10):
+    if not (
+        np.all(np.isfinite(qpos))
+        and np.all(np.isfinite(moved))
+        and np.all(np.isfinite(gripper.position()))
+        and np.linalg.norm(moved) < 10
+    ):
         return Outcome.failed("blowup", link=link.name, steps=steps, seconds=time.perf_counter() - start)
     dq = abs(float(qpos[index]) - q0)
     lo, hi = link.joint.limits
@@ -192,7 +216,9 @@ def _run(built: BuiltScene, link: Link, hit: Hit, approach: np.ndarray, primitiv
     cosine = float(moved @ direction / norm) if norm > 1e-9 else 0.0
     moved_enough = dq > MOVE_THRESHOLD or dq > RANGE_FRACTION * span
     success = moved_enough and (primitive != "pull" or cosine > DIRECTION_COSINE)
-    return Outcome(bool(success), "", link.name, dq, min(1.0, dq / span), cosine, steps, time.perf_counter() - start)
+    return Outcome(
+        bool(success), "", link.name, dq, min(1.0, dq / span), cosine, steps, time.perf_counter() - start
+    )
 
 
 # --------------------------------------------------------------------------------------------- sampling
@@ -214,8 +240,12 @@ def _shape_candidates(built: BuiltScene, link: Link) -> list[np.ndarray]:
     panel = max((s for s in link.shapes if s.label != "handle"), key=lambda s: np.prod(s.size[:2]))
     corners = shape_corners(panel)
     lo, hi = corners.min(0), corners.max(0)
-    grid = [rot @ (lo + (hi - lo) * np.array([a, b, c])) + trans for a in (0.1, 0.5, 0.9) for b in (0.1, 0.5, 0.9)
-            for c in (0.0, 0.5, 1.0)]
+    grid = [
+        rot @ (lo + (hi - lo) * np.array([a, b, c])) + trans
+        for a in (0.1, 0.5, 0.9)
+        for b in (0.1, 0.5, 0.9)
+        for c in (0.0, 0.5, 1.0)
+    ]
     grid.sort(key=lambda p: -_lever(link, p))
     return handles + grid
 
@@ -230,7 +260,9 @@ def opening_direction(link: Link, point: np.ndarray) -> np.ndarray:
     return v / n if n > 1e-9 else v
 
 
-PIXEL_OFFSETS = [(0, 0)] + [(dx, dy) for r in (1, 2, 3) for dx in (-r, 0, r) for dy in (-r, 0, r) if (dx, dy) != (0, 0)]
+PIXEL_OFFSETS = [(0, 0)] + [
+    (dx, dy) for r in (1, 2, 3) for dx in (-r, 0, r) for dy in (-r, 0, r) if (dx, dy) != (0, 0)
+]
 SEARCH_GRID = 24  # rays per side when searching a part's image box (URDF parts have no handle labels)
 
 
@@ -256,7 +288,9 @@ def _oracle_pixels(built: BuiltScene, camera: CameraSpec, link: Link):
     corners = np.array([[x, y, z] for x in (lo[0], hi[0]) for y in (lo[1], hi[1]) for z in (lo[2], hi[2])])
     box = camera.project(corners)
     (x0, y0), (x1, y1) = box.min(0), box.max(0)
-    grid = [np.array([x, y]) for x in np.linspace(x0, x1, SEARCH_GRID) for y in np.linspace(y0, y1, SEARCH_GRID)]
+    grid = [
+        np.array([x, y]) for x in np.linspace(x0, x1, SEARCH_GRID) for y in np.linspace(y0, y1, SEARCH_GRID)
+    ]
     hits = [(pixel, hit) for pixel in grid if (hit := _contact(built, camera, link, pixel)) is not None]
     hits.sort(key=lambda ph: -_lever(link, ph[1].point))
     yield from (pixel for pixel, _ in hits)
@@ -276,19 +310,38 @@ def oracle_action(built: BuiltScene, camera: CameraSpec, target: str) -> Contact
         if np.linalg.norm(forward) < 1e-3:
             forward = np.cross(up, [0.0, 1.0, 0.0])
         up_c, fw_c = camera.to_camera(up), camera.to_camera(forward / np.linalg.norm(forward))
-        return ContactAction((float(pixel[0]), float(pixel[1])), tuple(float(v) for v in up_c),
-                             tuple(float(v) for v in fw_c))
+        return ContactAction(
+            (float(pixel[0]), float(pixel[1])), tuple(float(v) for v in up_c), tuple(float(v) for v in fw_c)
+        )
     return None
 
 
-def sample_episode(category: str, seed: int, episode_seed: int, *, width: int = 336, height: int = 336,
-                   primitive: Primitive = "pull", tries: int = 30, urdf: str = "") -> tuple[EpisodeSpec, ContactAction]:
+def sample_episode(
+    category: str,
+    seed: int,
+    episode_seed: int,
+    *,
+    width: int = 336,
+    height: int = 336,
+    primitive: Primitive = "pull",
+    tries: int = 30,
+    urdf: str = "",
+) -> tuple[EpisodeSpec, ContactAction]:
     """Object instance ``seed`` (or the ``urdf`` file); camera, target part and initial state from
     ``episode_seed``. Parts start closed (at their lower joint limit) for ``pull`` and 50-80 % open for
     ``push``. Resamples the camera until the oracle sees a contact."""
     rng = np.random.default_rng([episode_seed, seed, 7])
-    base = EpisodeSpec(category, seed, CameraSpec((0, 0, 0), (1, 0, 0), width, height), "", "", primitive, {},
-                       episode_seed, urdf)
+    base = EpisodeSpec(
+        category,
+        seed,
+        CameraSpec((0, 0, 0), (1, 0, 0), width, height),
+        "",
+        "",
+        primitive,
+        {},
+        episode_seed,
+        urdf,
+    )
     obj = prepare(base).obj
     targets = [link for link in obj.movable if np.all(np.isfinite(link.joint.limits))]
     if not targets:
@@ -309,14 +362,24 @@ def sample_episode(category: str, seed: int, episode_seed: int, *, width: int = 
     raise RuntimeError(f"no view of {category} seed {seed} shows part {target.name} (episode {episode_seed})")
 
 
-def sample_urdf_episode(urdf_path: str | Path, episode_seed: int, **options) -> tuple[EpisodeSpec, ContactAction]:
+def sample_urdf_episode(
+    urdf_path: str | Path, episode_seed: int, **options
+) -> tuple[EpisodeSpec, ContactAction]:
     """An episode on a URDF object (e.g. a PartNet-Mobility ``mobility.urdf``); category ``urdf:<folder>``."""
     path = Path(urdf_path).resolve()
     return sample_episode(f"urdf:{path.parent.name}", 0, episode_seed, urdf=str(path), **options)
 
 
-def sample_split_episode(split: str, index: int, seed: int, *, width: int = 336, height: int = 336,
-                         primitive: Primitive = "pull", attempts: int = 5) -> tuple[EpisodeSpec, ContactAction]:
+def sample_split_episode(
+    split: str,
+    index: int,
+    seed: int,
+    *,
+    width: int = 336,
+    height: int = 336,
+    primitive: Primitive = "pull",
+    attempts: int = 5,
+) -> tuple[EpisodeSpec, ContactAction]:
     """Episode ``index`` of a split: categories round-robin, instance seeds from the split's seed range
     (held-out instances for seen/unseen tests). Falls back to the next instance when no view works."""
     categories = split_categories(split)
@@ -324,8 +387,11 @@ def sample_split_episode(split: str, index: int, seed: int, *, width: int = 336,
     for attempt in range(attempts):
         inst = instance_seed(split, index + attempt * 1_000_003, seed)
         try:
-            return sample_episode(category, inst, seed * 1_000_003 + index, width=width, height=height,
-                                  primitive=primitive)
+            return sample_episode(
+                category, inst, seed * 1_000_003 + index, width=width, height=height, primitive=primitive
+            )
         except RuntimeError:
             continue
-    raise RuntimeError(f"could not sample episode {index} of split {split!r} ({category}) in {attempts} attempts")
+    raise RuntimeError(
+        f"could not sample episode {index} of split {split!r} ({category}) in {attempts} attempts"
+    )

@@ -33,11 +33,14 @@ def _rpy(rot: np.ndarray) -> tuple[float, float, float]:
 
 
 def _origin(parent: ET.Element, pos: np.ndarray, rot: np.ndarray) -> None:
-    ET.SubElement(parent, "origin", xyz=" ".join(f"{v:.9g}" for v in pos),
-                  rpy=" ".join(f"{v:.9g}" for v in _rpy(rot)))
+    ET.SubElement(
+        parent, "origin", xyz=" ".join(f"{v:.9g}" for v in pos), rpy=" ".join(f"{v:.9g}" for v in _rpy(rot))
+    )
 
 
-def _geometry(parent: ET.Element, tag: str, shape: Shape, frame_rot: np.ndarray, frame_origin: np.ndarray) -> None:
+def _geometry(
+    parent: ET.Element, tag: str, shape: Shape, frame_rot: np.ndarray, frame_origin: np.ndarray
+) -> None:
     element = ET.SubElement(parent, tag, name=shape.label)
     rot = frame_rot.T @ quat_to_matrix(shape.quat)
     pos = frame_rot.T @ (np.array(shape.pos) - frame_origin)
@@ -50,7 +53,9 @@ def _geometry(parent: ET.Element, tag: str, shape: Shape, frame_rot: np.ndarray,
     _origin(element, pos, rot)
     element.append(geometry)
     if tag == "visual":
-        material = ET.SubElement(element, "material", name=f"rgb_{'_'.join(f'{c:.3f}' for c in shape.colour)}")
+        material = ET.SubElement(
+            element, "material", name=f"rgb_{'_'.join(f'{c:.3f}' for c in shape.colour)}"
+        )
         ET.SubElement(material, "color", rgba=" ".join(f"{c:.4g}" for c in (*shape.colour, 1.0)))
 
 
@@ -71,8 +76,14 @@ def to_urdf(obj: ArticulatedObject) -> str:
             ET.SubElement(joint, "parent", link=root.name)
             ET.SubElement(joint, "child", link=link.name)
             ET.SubElement(joint, "axis", xyz="1 0 0")
-            ET.SubElement(joint, "limit", lower=f"{j.limits[0]:.9g}", upper=f"{j.limits[1]:.9g}", effort="1000",
-                          velocity="10")
+            ET.SubElement(
+                joint,
+                "limit",
+                lower=f"{j.limits[0]:.9g}",
+                upper=f"{j.limits[1]:.9g}",
+                effort="1000",
+                velocity="10",
+            )
             ET.SubElement(joint, "dynamics", damping=f"{j.damping:.9g}", friction=f"{j.friction:.9g}")
     ET.indent(robot)
     return ET.tostring(robot, encoding="unicode")

@@ -56,8 +56,10 @@ def import_sapien():
 def _missing_reason() -> str:
     failed = cache_dir() / "mesa" / "FAILED"
     detail = f" ({failed.read_text().strip()})" if failed.is_file() else ""
-    return (f"no Vulkan ICD: {cache_dir() / 'mesa' / 'lvp_icd.json'} is missing{detail}; "
-            "run `make setup` (scripts/fetch_mesa.sh) or set VK_ICD_FILENAMES")
+    return (
+        f"no Vulkan ICD: {cache_dir() / 'mesa' / 'lvp_icd.json'} is missing{detail}; "
+        "run `make setup` (scripts/fetch_mesa.sh) or set VK_ICD_FILENAMES"
+    )
 
 
 _PROBE = """
@@ -88,13 +90,21 @@ def rendering_status(in_process: bool = False) -> tuple[bool, str]:
             return False, f"SAPIEN cannot render with VK_ICD_FILENAMES={icd}: {err}"
         return True, f"SAPIEN renders with VK_ICD_FILENAMES={icd}"
     try:
-        proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env,
-                              timeout=PROBE_TIMEOUT_S, cwd=REPO_ROOT)
+        proc = subprocess.run(
+            [sys.executable, "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=PROBE_TIMEOUT_S,
+            cwd=REPO_ROOT,
+        )
     except subprocess.TimeoutExpired:
         return False, f"the SAPIEN render probe did not finish in {PROBE_TIMEOUT_S} s"
     if "RENDER_OK" in proc.stdout:
         return True, f"SAPIEN renders with VK_ICD_FILENAMES={icd}"
-    lines = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip() and "Warn" not in line]
+    lines = [
+        line for line in (proc.stderr or proc.stdout).splitlines() if line.strip() and "Warn" not in line
+    ]
     return False, f"SAPIEN cannot render with VK_ICD_FILENAMES={icd}: {lines[-1] if lines else 'no output'}"
 
 
