@@ -53,8 +53,8 @@ from vlm_grpoma.models.tiny import build_tiny_model
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.hf import HFRolloutEngine
 from vlm_grpoma.rollout.tree import RolloutTree
+from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer, sampling_seed
 from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
-from vlm_grpoma.trainer.loop import Trainer, sampling_seed
 from vlm_grpoma.trainer.packed import shared_prefix_log_probs
 
 CONFIGS = ((4, 1), (4, 4), (16, 1))
@@ -202,7 +202,7 @@ STEP_KEYS = (
 PASSES = ("naive", "shared")
 
 
-class FixedLengthTrainer(Trainer):
+class FixedLengthTrainer(GRPOMATrainer):
     """The real trainer, but every thought and answer is sampled to its full budget (``ignore_stop``), so the
     configurations and passes compared do known, equal-per-token work."""
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+from vlm_grpoma.models.families import ARCHS
 
 
 @pytest.fixture(scope="session")

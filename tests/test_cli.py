@@ -1,10 +1,13 @@
-"""The command table, the honest 'not available yet' path, and `vlm-grpoma env`."""
+"""The command table, errors as one line and an exit code, and `vlm-grpoma env`."""
 
 import json
+import subprocess
+import sys
+import types
 
 import pytest
 
-from vlm_grpoma import cli
+from vlm_grpoma import cli, errors
 
 DESIGN_COMMANDS = {
     "demo",
@@ -28,15 +31,49 @@ def test_every_design_command_is_declared(capsys):
     assert all(name in out for name in DESIGN_COMMANDS)
 
 
-def test_missing_implementation_says_so_and_exits_2(monkeypatch, capsys):
-    missing = cli.Command(
-        "env", "probe", "vlm_grpoma.not_built_yet:main", cli._env_args, arrives_with="#99 (x)"
+@pytest.mark.parametrize(
+    "error",
+    [
+        errors.ConfigError,
+        errors.DataError,
+        errors.CheckpointError,
+        errors.MissingDependencyError,
+        errors.StorageError,
+        errors.CommandError,
+    ],
+)
+def test_every_user_error_is_one_line_and_exit_1(monkeypatch, capsys, error):
+    module = types.ModuleType("fake_handler")
+    module.main = lambda args: (_ for _ in ()).throw(error("data.train_path: x.jsonl:3: bad box"))
+    monkeypatch.setitem(sys.modules, "fake_handler", module)
+    monkeypatch.setattr(cli, "COMMANDS", (cli.Command("env", "probe", "fake_handler:main", cli._env_args),))
+    assert cli.main(["env"]) == 1
+    assert capsys.readouterr().err == "vlm-grpoma env: error: data.train_path: x.jsonl:3: bad box\n"
+
+
+def test_python_dash_m_entry_maps_library_errors_too(tmp_path):
+    """Under the launcher the CLI module is ``__main__``: errors from handlers must still become one line."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vlm_grpoma.cli",
+            "make-data",
+            "--task",
+            "detection",
+            "--source",
+            "shapes",
+            "--n",
+            "0",
+            "--out",
+            str(tmp_path / "d"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    monkeypatch.setattr(cli, "COMMANDS", (missing,))
-    assert cli.main(["env"]) == 2
-    assert (
-        capsys.readouterr().err.strip() == "vlm-grpoma env: not available yet; it arrives with issue #99 (x)."
-    )
+    assert result.returncode == 1
+    assert result.stderr == "vlm-grpoma make-data: error: --n must be a positive number of records, got 0\n"
 
 
 def test_a_broken_import_inside_an_implementation_is_not_hidden(monkeypatch):

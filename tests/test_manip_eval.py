@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from vlm_grpoma.answers import ContactAction, ParseError
-from vlm_grpoma.cli import CommandError
 from vlm_grpoma.cli import main as cli_main
 from vlm_grpoma.envs.sapien.camera import raycast
 from vlm_grpoma.envs.sapien.objects import SEEN_CATEGORIES, UNSEEN_CATEGORIES
 from vlm_grpoma.envs.sapien.task import execute, prepare, sample_split_episode
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
+from vlm_grpoma.errors import CommandError
 from vlm_grpoma.eval.manipulation import evaluate, main
 
 

@@ -1,8 +1,9 @@
-"""``vlm-grpoma`` entry point: the subcommand table of DESIGN.md §3 CLI.
+"""``vlm-grpoma`` entry point: the subcommand table, and the one place that turns errors into exit codes.
 
 Each subcommand's arguments are declared here; its implementation lives in the module that owns the work
 and is imported only when the command runs, so ``vlm-grpoma --help`` and config errors stay instant.
-A command whose implementation has not landed says so and exits 2; none pretends to work.
+Library code raises :mod:`vlm_grpoma.errors`; :func:`main` prints a :class:`~vlm_grpoma.errors.UserError` as
+one line and returns 1, on every rank, whether started as the console script or ``python -m vlm_grpoma.cli``.
 """
 
 from __future__ import annotations
@@ -15,14 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vlm_grpoma import __version__
-from vlm_grpoma.config import ConfigError, load_config, validate
-
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-TASKS = ("detection", "affordance", "trajectory", "manipulation")
-
-
-class CommandError(Exception):
-    """Bad input to a command: printed as one line, exit code 1."""
+from vlm_grpoma.config import load_config, validate
+from vlm_grpoma.datasets.schema import TASKS
+from vlm_grpoma.errors import UserError
+from vlm_grpoma.models.families import ARCHS
 
 
 @dataclass(frozen=True)
@@ -31,7 +28,6 @@ class Command:
     help: str
     handler: str  # "module:function", called with the parsed argparse namespace, returns an exit code
     add_arguments: Callable[[argparse.ArgumentParser], None]
-    arrives_with: str = ""  # the issue that builds the handler, named while it has not landed
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -130,51 +126,44 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "train",
         "train with GRPO-MA (one process per rank under the deepspeed launcher)",
-        "vlm_grpoma.trainer.loop:main",
+        "vlm_grpoma.trainer.grpo_ma:main",
         _config_args,
-        arrives_with="#5 (the DeepSpeed trainer)",
     ),
     Command(
         "sft",
         "supervised warm start on ground-truth answers",
         "vlm_grpoma.trainer.sft:main",
         _config_args,
-        arrives_with="#5 (the DeepSpeed trainer)",
     ),
     Command(
         "eval",
         "grounding metrics and overlays for a checkpoint",
         "vlm_grpoma.eval.grounding:main",
         _eval_args,
-        arrives_with="#4 (rewards, data and evaluation)",
     ),
     Command(
         "manip-eval",
         "manipulation success per category on seen/unseen objects",
         "vlm_grpoma.eval.manipulation:main",
         _manip_eval_args,
-        arrives_with="#6 (SAPIEN manipulation)",
     ),
     Command(
         "make-data",
         "write a synthetic dataset (JSONL + images)",
         "vlm_grpoma.datasets.synthetic:main",
         _make_data_args,
-        arrives_with="#4 / #6 (synthetic data)",
     ),
     Command(
         "convert",
         "convert a public dataset format to JSONL records",
         "vlm_grpoma.datasets.converters:main",
         _convert_args,
-        arrives_with="#4 (rewards, data and evaluation)",
     ),
     Command(
         "make-tiny-model",
         "build a tiny Qwen-VL model + processor offline",
         "vlm_grpoma.models.tiny:main",
         _tiny_model_args,
-        arrives_with="#3 (adapters and tiny models)",
     ),
     Command(
         "env",
@@ -196,15 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _resolve(command: Command) -> Callable[[argparse.Namespace], int] | None:
+def _resolve(command: Command) -> Callable[[argparse.Namespace], int]:
     module_name, func_name = command.handler.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name and module_name.startswith(err.name):  # the handler module itself is missing
-            return None
-        raise
-    return getattr(module, func_name, None)
+    return getattr(importlib.import_module(module_name), func_name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,15 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             # Validate before anything heavy: the world size comes from the launcher's environment.
             args.config_obj = load_config(args.config, args.overrides)
             validate(args.config_obj, world_size=int(os.environ.get("WORLD_SIZE", "1")))
-        handler = _resolve(command)
-        if handler is None:
-            print(
-                f"vlm-grpoma {command.name}: not available yet; it arrives with issue {command.arrives_with}.",
-                file=sys.stderr,
-            )
-            return 2
-        return int(handler(args) or 0)
-    except (ConfigError, CommandError) as err:
+        return int(_resolve(command)(args) or 0)
+    except UserError as err:
         print(f"vlm-grpoma {command.name}: error: {err}", file=sys.stderr)
         return 1
 

@@ -16,9 +16,9 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from vlm_grpoma.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A configuration problem; ``str(err)`` is a single line naming the key."""
+__all__ = ["Config", "ConfigError", "load_config", "validate"]
 
 
 @dataclass

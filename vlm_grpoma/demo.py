@@ -21,8 +21,8 @@ from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 from vlm_grpoma.eval.grounding import evaluate
 from vlm_grpoma.models.registry import load_model
 from vlm_grpoma.models.tiny import build_tiny_model
-from vlm_grpoma.trainer.loop import Trainer
-from vlm_grpoma.trainer.sft import SFTRun
+from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
+from vlm_grpoma.trainer.sft import SFTTrainer
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
@@ -133,7 +133,7 @@ def run_demo(out: Path, plan: DemoPlan) -> list[Stage]:
     )
     stages = [_evaluate(sft_config, model_dir, eval_records, "untrained", None)]
     print(f"[demo] SFT warm start: {plan.sft_steps} steps of 32 prompts", flush=True)
-    sft = SFTRun(sft_config)
+    sft = SFTTrainer(sft_config)
     sft_history = sft.train()
     sft.engine.close()
     sft_model = sft.final_model_dir
@@ -161,7 +161,7 @@ def run_demo(out: Path, plan: DemoPlan) -> list[Stage]:
         f"thoughts x 4 answers",
         flush=True,
     )
-    trainer = Trainer(grpo_config)
+    trainer = GRPOMATrainer(grpo_config)
     grpo_history = trainer.train()
     trainer.engine.close()
     stages.append(

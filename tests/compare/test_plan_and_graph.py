@@ -10,7 +10,7 @@ import pytest
 from vlm_grpoma.compare.graph import Layout, build_jobs
 from vlm_grpoma.compare.plan import Arm, ComparePlan
 from vlm_grpoma.config import load_config, validate
-from vlm_grpoma.trainer.run import Run
+from vlm_grpoma.trainer.base import Trainer
 
 
 def test_arm_names_round_trip_and_bad_names_say_the_form():
@@ -88,6 +88,6 @@ def test_warm_start_path_is_where_sft_leaves_its_final_model(tmp_path):
     layout = Layout(tmp_path)
     sft = next(j for j in build_jobs(plan, layout) if j.name == f"sft/{task.name}")
     config = load_config(sft.args[2], sft.args[3:])
-    run = Run.__new__(Run)  # final_model_dir needs only the config and the step count
+    run = Trainer.__new__(Trainer)  # final_model_dir needs only the config and the step count
     run.config, run.step = config, config.train.steps
     assert run.final_model_dir == layout.warm_start(task)

@@ -7,12 +7,12 @@ import pytest
 from PIL import Image
 
 from vlm_grpoma.answers import Boxes, ContactAction, Trajectory
-from vlm_grpoma.cli import CommandError
 from vlm_grpoma.datasets.jsonl import read_records
 from vlm_grpoma.datasets.schema import MaskRef
 from vlm_grpoma.datasets.synthetic import sapien as sapien_data
 from vlm_grpoma.envs.sapien.task import EpisodeSpec, execute
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
+from vlm_grpoma.errors import CommandError
 
 N = 3
 

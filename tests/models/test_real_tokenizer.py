@@ -9,7 +9,8 @@ from PIL import Image
 
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.datasets.schema import Record
-from vlm_grpoma.models.qwen import FAMILIES, QwenVLAdapter
+from vlm_grpoma.models.families import FAMILIES
+from vlm_grpoma.models.qwen import QwenVLAdapter
 from vlm_grpoma.models.qwen_vocab import load_qwen2_tokenizer, wheel_path
 from vlm_grpoma.models.tiny import PRESETS, SPECIAL_TOKENS, build_config, build_processor
 
@@ -130,7 +131,7 @@ def test_rollout_stops_on_merged_tag_tokens(adapter, tokenizer, record):
     # Evaluation and the trainer's reward parsing read the same split tag correctly (they parse thought + answer).
     from vlm_grpoma.eval.grounding import generate_predictions
     from vlm_grpoma.rewards.base import build_rewards
-    from vlm_grpoma.trainer.evaluation import score_tree
+    from vlm_grpoma.trainer.scoring import score_tree
 
     calls["n"] = 0
     handle = model.lm_head.register_forward_hook(force_script)

@@ -27,12 +27,12 @@ from safetensors.torch import load_file, save_file
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import Config, ModelConfig, RolloutConfig
 from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.models.families import ARCHS
 from vlm_grpoma.models.registry import load_model
 from vlm_grpoma.rollout.backends import build_rollout_engine, logprob_mismatch
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.trainer.logprobs import path_log_probs
 
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 BACKENDS = ("hf", "vllm")
 #: |Δ log p| allowed against the teacher-forced forward (vLLM: other attention kernels, fp32 on GPU).
 TOLERANCE = {"hf": 1e-4, "vllm": 5e-3}

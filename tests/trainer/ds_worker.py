@@ -48,7 +48,9 @@ def train_step(engine, ids: torch.Tensor):
     """One optimizer step over ``ids`` (this rank's batch) split into the engine's micro-batches."""
     micro = len(ids) // engine.gradient_accumulation_steps
     for start in range(0, len(ids), micro):
-        engine.backward(micro_loss(engine.model, ids[start : start + micro].to(engine.dist.device), len(ids)))
+        engine.backward(
+            micro_loss(engine.deepspeed, ids[start : start + micro].to(engine.dist.device), len(ids))
+        )
     return engine.step()
 
 

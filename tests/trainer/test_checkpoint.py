@@ -105,7 +105,7 @@ def test_keep_last_and_a_crash_mid_save_leaves_the_previous_checkpoint(make_conf
     def crash(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(engine.model, "save_checkpoint", crash)
+    monkeypatch.setattr(engine.deepspeed, "save_checkpoint", crash)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(engine, out, TrainerState(step=4), keep_last=2)
     assert (out / "checkpoints" / ".tmp-step-00000004" / "model").is_dir()  # half written, never renamed

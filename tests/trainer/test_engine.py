@@ -99,7 +99,7 @@ def test_gradient_and_update_equal_plain_torch(stage, checkpointing, make_config
     assert engine.gradient_accumulation_steps == 2
     ids = batch_ids(0, 0, rows=4)
     for start in (0, 2):
-        engine.backward(micro_loss(engine.model, ids[start : start + 2], batch_rows=4))
+        engine.backward(micro_loss(engine.deepspeed, ids[start : start + 2], batch_rows=4))
     grads = {n: safe_get_full_grad(p).clone() for n, p in engine.module.named_parameters() if p.requires_grad}
     result = engine.step()
 
@@ -129,7 +129,7 @@ def ref_grads_params(model):
 
 
 def _optimizer_tensors(engine) -> dict[str, torch.Tensor]:
-    opt = engine.model.basic_optimizer
+    opt = engine.deepspeed.basic_optimizer
     return {f"{i}.{k}": v.clone() for i, state in enumerate(opt.state.values()) for k, v in state.items()}
 
 
@@ -145,12 +145,12 @@ def test_non_finite_step_is_skipped_and_leaves_everything_untouched(stage, fault
     assert moments
 
     ids = batch_ids(1, 0, 4)
-    engine.backward(micro_loss(engine.model, ids[:2], 4))
-    loss = micro_loss(engine.model, ids[2:], 4)
+    engine.backward(micro_loss(engine.deepspeed, ids[:2], 4))
+    loss = micro_loss(engine.deepspeed, ids[2:], 4)
     if fault == "nan_loss":
         loss = loss + float("nan")
     else:  # finite loss, NaN gradient: d/dw sqrt(|w - w|^2) = 0/0
-        weight = engine.model.module.lm_head.weight
+        weight = engine.deepspeed.module.lm_head.weight
         loss = loss + torch.sqrt(((weight - weight.detach()) ** 2).sum())
         assert torch.isfinite(loss)
     engine.backward(loss)
@@ -179,9 +179,9 @@ def test_learning_rates_follow_the_schedule_and_misuse_is_caught(make_config):
         engine.step()
     ids = batch_ids(9, 0, 4)
     for start in (0, 2):
-        engine.backward(micro_loss(engine.model, ids[start : start + 2], 4))
+        engine.backward(micro_loss(engine.deepspeed, ids[start : start + 2], 4))
     with pytest.raises(RuntimeError, match="more than gradient_accumulation_steps=2"):
-        engine.backward(micro_loss(engine.model, ids[:2], 4))
+        engine.backward(micro_loss(engine.deepspeed, ids[:2], 4))
 
 
 @pytest.mark.parametrize("stage", [0, 3])

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from vlm_grpoma.cli import CommandError
 from vlm_grpoma.datasets.jsonl import read_records, write_records
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
+from vlm_grpoma.errors import CommandError
 from vlm_grpoma.rewards.base import build_rewards
-from vlm_grpoma.trainer.loop import Trainer
-from vlm_grpoma.trainer.run import training_records
-from vlm_grpoma.trainer.sft import SFTRun
+from vlm_grpoma.trainer.base import training_records
+from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
+from vlm_grpoma.trainer.sft import SFTTrainer
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +47,11 @@ def test_missing_records_file_is_one_line(make_config, tmp_path):
 
 def test_misspelt_reward_fails_before_the_model_loads(make_config, mixed_path, monkeypatch):
     monkeypatch.setattr(
-        "vlm_grpoma.trainer.run.build_engine",
+        "vlm_grpoma.trainer.base.build_engine",
         lambda *a, **k: pytest.fail("the engine was built before the rewards were checked"),
     )
     with pytest.raises(CommandError, match=r"^rewards\.weights\.iuo: unknown reward 'iuo'"):
-        Trainer(make_config(f"data.train_path={mixed_path}", "rewards.weights={iuo: 1.0}"))
+        GRPOMATrainer(make_config(f"data.train_path={mixed_path}", "rewards.weights={iuo: 1.0}"))
 
 
 def test_reward_options_reach_the_reward_and_bad_ones_name_the_key():
@@ -65,9 +65,11 @@ def test_reward_options_reach_the_reward_and_bad_ones_name_the_key():
 
 def test_bad_resume_path_is_one_line(make_config, mixed_path, tmp_path):
     with pytest.raises(CommandError, match=r"^checkpoint\.resume: .*nowhere is not a complete checkpoint"):
-        Trainer(make_config(f"data.train_path={mixed_path}", f"checkpoint.resume={tmp_path / 'nowhere'}"))
+        GRPOMATrainer(
+            make_config(f"data.train_path={mixed_path}", f"checkpoint.resume={tmp_path / 'nowhere'}")
+        )
 
 
 def test_sft_holds_no_reference_model_even_with_kl_beta(make_config, mixed_path):
-    run = SFTRun(make_config(f"data.train_path={mixed_path}", "algorithm.kl_beta=0.04"))
+    run = SFTTrainer(make_config(f"data.train_path={mixed_path}", "algorithm.kl_beta=0.04"))
     assert run.engine.reference_module is None and not run.engine.has_reference

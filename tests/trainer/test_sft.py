@@ -10,7 +10,7 @@ from vlm_grpoma.config import ModelConfig
 from vlm_grpoma.datasets.jsonl import read_records
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 from vlm_grpoma.models.registry import load_adapter
-from vlm_grpoma.trainer.sft import SFTRun, reference_answer, target_text
+from vlm_grpoma.trainer.sft import SFTTrainer, reference_answer, target_text
 
 
 @pytest.mark.parametrize("task", ["detection", "affordance", "trajectory"])
@@ -45,7 +45,7 @@ def test_affordance_reference_point_lies_in_the_mask(tmp_path):
 
 def test_sft_lowers_the_target_nll(make_config, tmp_path):
     data = generate_shapes("detection", 8, tmp_path / "data", seed=0, config=EASY)
-    run = SFTRun(
+    run = SFTTrainer(
         make_config(
             f"data.train_path={data}",
             "train.steps=12",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlm_grpoma import __version__
-from vlm_grpoma.trainer.engine import free_port
+from vlm_grpoma.distributed import free_port
 
 MARKER = ".compare-done"
 REPO = Path(__file__).resolve().parents[2]

@@ -12,13 +12,14 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from vlm_grpoma.datasets.schema import MaskRef, Record
+from vlm_grpoma.errors import DataError
 
 #: EXIF orientations (tag 0x0112) that swap width and height.
 _TRANSPOSING_ORIENTATIONS = {5, 6, 7, 8}
 _ORIENTATION_TAG = 0x0112
 
 
-class ImageLoadError(ValueError):
+class ImageLoadError(DataError):
     """An image or mask that is missing, unreadable, or not the size its record says."""
 
 

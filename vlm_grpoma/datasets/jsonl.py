@@ -20,6 +20,7 @@ from typing import Any
 
 from vlm_grpoma.answers import Box, Boxes, ContactAction, Points, Trajectory
 from vlm_grpoma.datasets.schema import TASKS, GroundTruth, MaskRef, Record, record_to_json
+from vlm_grpoma.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ _REQUIRED = ("id", "image", "task", "prompt", "width", "height", "ground_truth")
 _OPTIONAL = ("split", "meta")
 
 
-class RecordError(ValueError):
+class RecordError(DataError):
     """A record line that is not valid; the message names file:line, record id and field."""
 
 

@@ -610,8 +610,8 @@ def main(args: argparse.Namespace) -> int:
     """``vlm-grpoma eval --config X.yaml --checkpoint DIR --split S``; writes <output_dir>/eval-<split>/."""
     import torch
 
-    from vlm_grpoma.cli import CommandError
     from vlm_grpoma.datasets.jsonl import RecordError, read_records
+    from vlm_grpoma.errors import CommandError
     from vlm_grpoma.models.registry import load_model
 
     config = args.config_obj

@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from vlm_grpoma.answers import ContactAction, ParseError
-from vlm_grpoma.cli import CommandError
 from vlm_grpoma.config import Config, ModelConfig
 from vlm_grpoma.envs.sapien.camera import render
 from vlm_grpoma.envs.sapien.pool import SimPool
 from vlm_grpoma.envs.sapien.task import EpisodeSpec, Outcome, prepare
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
+from vlm_grpoma.errors import CommandError
 from vlm_grpoma.eval.report import Tile, contact_grid, success_table
 
 GRID_TILES = 12

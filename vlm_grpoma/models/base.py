@@ -110,3 +110,11 @@ def collate(
         "pixel_values": torch.cat([prompts[p].pixel_values for p in prompt_of_row]),
         "image_grid_thw": torch.cat([prompts[p].image_grid_thw for p in prompt_of_row]),
     }
+
+
+def rope_index_owner(model: torch.nn.Module) -> Any:
+    """The submodule computing Qwen-VL mRoPE positions (found through PEFT / DeepSpeed wrappers)."""
+    for module in model.modules():
+        if hasattr(module, "get_rope_index") and not hasattr(module, "lm_head"):
+            return module
+    raise TypeError(f"{type(model).__name__} has no get_rope_index: not a Qwen-VL model")

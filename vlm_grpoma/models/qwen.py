@@ -8,7 +8,7 @@ class, which is all a ``QwenFamily`` holds.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from vlm_grpoma.answers import (
@@ -24,34 +24,13 @@ from vlm_grpoma.answers import (
 from vlm_grpoma.datasets.images import load_image
 from vlm_grpoma.datasets.schema import ANSWER_KIND_OF_TASK, Record
 from vlm_grpoma.models.base import PromptInputs, SpecialTokens
-from vlm_grpoma.models.prompts import ANSWER_CLOSE, SYSTEM_PROMPT, THINK_CLOSE, FrameSpec, task_instruction
+from vlm_grpoma.models.families import QwenFamily
+from vlm_grpoma.models.prompts import ANSWER_CLOSE, SYSTEM_PROMPT, THINK_CLOSE, task_instruction
 
 if TYPE_CHECKING:
     from PIL import Image
 
-SPATIAL_MERGE = 2
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
-
-
-@dataclass(frozen=True)
-class QwenFamily:
-    """What distinguishes one Qwen-VL family: its config ``model_type``, patch size and coordinate frame."""
-
-    model_type: str
-    patch_size: int
-    frame_spec: FrameSpec
-
-    @property
-    def factor(self) -> int:
-        """Image sides are multiples of this many pixels (one merged vision token)."""
-        return self.patch_size * SPATIAL_MERGE
-
-
-FAMILIES: dict[str, QwenFamily] = {
-    "qwen2_vl": QwenFamily("qwen2_vl", 14, FrameSpec(1000)),
-    "qwen2_5_vl": QwenFamily("qwen2_5_vl", 14, FrameSpec(None)),
-    "qwen3_vl": QwenFamily("qwen3_vl", 16, FrameSpec(1000)),
-}
 
 
 def special_tokens(tokenizer: Any) -> SpecialTokens:

@@ -6,12 +6,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlm_grpoma.config import ModelConfig
-from vlm_grpoma.models.qwen import FAMILIES, QwenFamily, QwenVLAdapter
+from vlm_grpoma.errors import UserError
+from vlm_grpoma.models.families import FAMILIES, QwenFamily
+from vlm_grpoma.models.qwen import QwenVLAdapter
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(FAMILIES)
 
 
-class UnsupportedModelError(ValueError):
+class UnsupportedModelError(UserError, ValueError):
     """A checkpoint whose ``model_type`` has no adapter."""
 
 

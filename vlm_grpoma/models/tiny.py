@@ -15,6 +15,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from vlm_grpoma.models.families import ARCHS
 from vlm_grpoma.models.prompts import (
     ANSWER_CLOSE,
     ANSWER_FORMATS,
@@ -25,8 +26,6 @@ from vlm_grpoma.models.prompts import (
     THINK_OPEN,
     FrameSpec,
 )
-
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 #: Qwen's special tokens in their real id order (151643...), then the plain think/answer tags.
 SPECIAL_TOKENS = (

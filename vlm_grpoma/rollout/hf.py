@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from vlm_grpoma.models.base import PromptInputs, SpecialTokens, collate
+from vlm_grpoma.models.base import PromptInputs, SpecialTokens, collate, rope_index_owner
 from vlm_grpoma.models.prompts import ANSWER_CLOSE, THINK_CLOSE
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.tree import FinishReason, RolloutTree
@@ -52,14 +52,6 @@ class _Decoded:
     logprobs: torch.Tensor
     finish: list[FinishReason]
     unfed: torch.Tensor
-
-
-def rope_index_owner(model: torch.nn.Module) -> Any:
-    """The submodule computing Qwen-VL mRoPE positions (found through PEFT / DeepSpeed wrappers)."""
-    for module in model.modules():
-        if hasattr(module, "get_rope_index") and not hasattr(module, "lm_head"):
-            return module
-    raise TypeError(f"{type(model).__name__} has no get_rope_index: not a Qwen-VL model")
 
 
 def cache_argument(module: torch.nn.Module) -> str:

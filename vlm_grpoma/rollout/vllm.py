@@ -527,7 +527,7 @@ class VLLMRolloutEngine:
             "0"  # external_launcher: the engine runs in this process
         )
         if dist is None:
-            from vlm_grpoma.trainer.engine import init_distributed
+            from vlm_grpoma.distributed import init_distributed
 
             dist = init_distributed()
         tp = options.tensor_parallel_size

@@ -104,7 +104,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def _full_state_dict(engine: TrainingEngine) -> dict[str, torch.Tensor] | None:
     """The unwrapped module's full state dict on rank 0 (None elsewhere); all ranks must call under ZeRO-3."""
     if engine.zero_stage == 3:
-        return engine.model._zero3_consolidated_16bit_state_dict()
+        return engine.deepspeed._zero3_consolidated_16bit_state_dict()
     if _rank() != 0:
         return None
     return {k: v.detach().cpu() for k, v in engine.module.state_dict().items()}
@@ -199,7 +199,7 @@ def save_checkpoint(
         (tmp / "rng").mkdir()
     _barrier()
     save_model(engine, tmp / "model", processor=processor, merge_lora=merge_lora)
-    engine.model.save_checkpoint(str(tmp / "deepspeed"), tag=_DS_TAG, client_state={}, save_latest=False)
+    engine.deepspeed.save_checkpoint(str(tmp / "deepspeed"), tag=_DS_TAG, client_state={}, save_latest=False)
     torch.save(rng_state(), tmp / "rng" / f"rank-{rank:05d}.pt")
     _barrier()
     if rank == 0:
@@ -252,7 +252,7 @@ def load_checkpoint(engine: TrainingEngine, path: str | Path) -> TrainerState:
             f"{path}: saved with {meta['world_size']} ranks, resuming with {engine.dist.world_size}; "
             "exact resume needs the same world size"
         )
-    loaded, _ = engine.model.load_checkpoint(
+    loaded, _ = engine.deepspeed.load_checkpoint(
         str(path / "deepspeed"), tag=_DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
     )
     if loaded is None:

@@ -22,8 +22,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
-import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -33,6 +31,7 @@ from typing import Any
 import torch
 
 from vlm_grpoma.config import Config, ConfigError, ModelConfig, OptimConfig, gradient_accumulation_steps
+from vlm_grpoma.distributed import DistInfo, import_deepspeed, init_distributed
 
 #: ``configs/deepspeed`` of the source tree (the JSON files ship with the repository).
 DEEPSPEED_CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "deepspeed"
@@ -40,66 +39,6 @@ DEEPSPEED_CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "deepsp
 VISION_MODULE_NAMES = ("visual", "vision_tower", "vision_model")
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _deepspeed():
-    """Import DeepSpeed: CPU accelerator without CUDA, JIT-built ops cached under ``$VLM_GRPOMA_CACHE``."""
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    if os.environ.get("VLM_GRPOMA_CACHE"):
-        os.environ.setdefault(
-            "TORCH_EXTENSIONS_DIR", os.path.join(os.environ["VLM_GRPOMA_CACHE"], "torch_extensions")
-        )
-    import deepspeed
-
-    return deepspeed
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Process group
-
-
-@dataclass(frozen=True)
-class DistInfo:
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def free_port() -> int:
-    """A TCP port that is free right now on localhost."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def init_distributed(backend: str = "auto") -> DistInfo:
-    """Join (or create) the process group: under the ``deepspeed`` launcher, or as a lone process.
-
-    A lone process gets ``RANK=0 WORLD_SIZE=1 LOCAL_RANK=0`` and a free ``MASTER_PORT``; without them
-    DeepSpeed falls back to MPI discovery and fails. ``backend="auto"``: NCCL with CUDA, else gloo.
-    Idempotent.
-    """
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-    deepspeed = _deepspeed()
-    use_cuda = torch.cuda.is_available()
-    if backend == "auto":
-        backend = "nccl" if use_cuda else "gloo"
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if use_cuda:
-        torch.cuda.set_device(local_rank)
-    if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend)
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    return DistInfo(torch.distributed.get_rank(), torch.distributed.get_world_size(), local_rank, device)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -326,7 +265,7 @@ class StepResult:
 class TrainingEngine:
     """What the loop needs: the DeepSpeed engine, the unwrapped module, and skip-safe backward/step."""
 
-    model: Any  # deepspeed.DeepSpeedEngine; call it like the module for training forwards
+    deepspeed: Any  # deepspeed.DeepSpeedEngine; call it like the module for training forwards
     config: Config
     dist: DistInfo
     precision: str
@@ -340,11 +279,11 @@ class TrainingEngine:
     @property
     def module(self) -> torch.nn.Module:
         """The unwrapped model (a PeftModel with LoRA): generation, saving, parameter access."""
-        return self.model.module
+        return self.deepspeed.module
 
     @property
     def zero_stage(self) -> int:
-        return self.model.zero_optimization_stage()
+        return self.deepspeed.zero_optimization_stage()
 
     @property
     def is_lora(self) -> bool:
@@ -357,12 +296,12 @@ class TrainingEngine:
     @property
     def learning_rate(self) -> float:
         """The learning rate the next optimizer step will use."""
-        return float(self.model.get_lr()[0])
+        return float(self.deepspeed.get_lr()[0])
 
     @property
     def optimizer_steps(self) -> int:
         """Optimizer steps taken so far, skipped ones included."""
-        return int(self.model.global_steps)
+        return int(self.deepspeed.global_steps)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate one micro-batch's gradient; ``loss`` is its share of the rank's batch loss.
@@ -376,10 +315,10 @@ class TrainingEngine:
             )
         if not bool(torch.isfinite(loss.detach()).all()):
             loss = loss * float("nan")
-        self.model.backward(loss, scale_wrt_gas=False)
+        self.deepspeed.backward(loss, scale_wrt_gas=False)
         self._micro_steps += 1
         if self._micro_steps < self.gradient_accumulation_steps:
-            self.model.step()  # not a boundary: DeepSpeed only advances its micro-step counter
+            self.deepspeed.step()  # not a boundary: DeepSpeed only advances its micro-step counter
 
     def step(self) -> StepResult:
         """Apply the accumulated gradient (clipped to ``optim.max_grad_norm``), or skip it if non-finite."""
@@ -390,17 +329,19 @@ class TrainingEngine:
             )
         self._micro_steps = 0
         learning_rate = self.learning_rate
-        optimizer = self.model.optimizer
-        manual = optimizer is self.model.basic_optimizer  # ZeRO-0 fp32: no DeepSpeed wrapper checks overflow
+        optimizer = self.deepspeed.optimizer
+        manual = (
+            optimizer is self.deepspeed.basic_optimizer
+        )  # ZeRO-0 fp32: no DeepSpeed wrapper checks overflow
         if manual:
             grad_norm = _global_norm([p.grad for p in self.module.parameters() if p.grad is not None])
             optimizer.overflow = not math.isfinite(grad_norm)  # DeepSpeed then skips the LR step as well
-        self.model.step()
+        self.deepspeed.step()
         if not manual:
-            reported = self.model.get_global_grad_norm()
+            reported = self.deepspeed.get_global_grad_norm()
             grad_norm = float("nan") if reported is None else float(reported)
         return StepResult(
-            grad_norm=grad_norm, skipped=not self.model.was_step_applied(), learning_rate=learning_rate
+            grad_norm=grad_norm, skipped=not self.deepspeed.was_step_applied(), learning_rate=learning_rate
         )
 
     def close(self) -> None:
@@ -413,7 +354,7 @@ class TrainingEngine:
         module = self.module
         gather = nullcontext()
         if self.zero_stage == 3:
-            gather = _deepspeed().zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
+            gather = import_deepspeed().zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
         was_training = module.training
         with gather, torch.no_grad():
             module.eval()
@@ -430,7 +371,7 @@ class TrainingEngine:
         with torch.no_grad():
             if self.is_lora:
                 with self.module.disable_adapter():
-                    yield self.model
+                    yield self.deepspeed
             else:
                 yield self.reference_module
 
@@ -451,7 +392,7 @@ def build_engine(config: Config, model: torch.nn.Module | None = None) -> Traini
     (tests, SFT warm starts held in memory). The LR schedule spans ``train.steps * algorithm.policy_epochs``
     optimizer steps.
     """
-    deepspeed = _deepspeed()
+    deepspeed = import_deepspeed()
     dist = init_distributed(config.deepspeed.dist_backend)
     on_gpu = dist.device.type == "cuda"
     ds_config = deepspeed_config(config, dist.world_size, on_gpu=on_gpu)
@@ -492,7 +433,7 @@ def build_engine(config: Config, model: torch.nn.Module | None = None) -> Traini
     if reference is not None:
         reference = _wrap_reference(deepspeed, reference, ds_config, dist, dtype)
     return TrainingEngine(
-        model=engine,
+        deepspeed=engine,
         config=config,
         dist=dist,
         precision=precision,

@@ -1,6 +1,6 @@
-"""Scoring rollout trees with the training rewards, and the held-out evaluation run during GRPO-MA training.
+"""Held-out evaluation during GRPO-MA training.
 
-Evaluation decodes one greedy thought + answer per record of each ``data.eval_sets`` entry with the rollout
+It decodes one greedy thought + answer per record of each ``data.eval_sets`` entry with the rollout
 backend the trainer samples with, scores it with the training rewards (so ``eval/seen/success_mean`` of a
 manipulation run is SAPIEN success on held-out instances) and logs ``eval/<set>/<name>`` metrics summed over
 ranks: ``reward_mean``, one ``<component>_mean`` per reward component, ``parse_rate`` and ``records``. A
@@ -15,40 +15,15 @@ from dataclasses import dataclass
 
 import torch
 
-from vlm_grpoma.answers import ParseError
-from vlm_grpoma.cli import CommandError
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.jsonl import RecordError, read_records
 from vlm_grpoma.datasets.schema import Record
-from vlm_grpoma.rewards import Completion
-from vlm_grpoma.rewards.base import RewardResult
+from vlm_grpoma.errors import CommandError
 from vlm_grpoma.rollout.engine import SamplingParams
-from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.trainer.logging import sum_over_ranks
+from vlm_grpoma.trainer.scoring import score_tree
 
 _SET_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-
-
-def score_tree(
-    tree: RolloutTree, records: Sequence[Record], adapter, rewards
-) -> tuple[RewardResult, torch.Tensor, torch.Tensor]:
-    """Parse every answer (thought + answer text: a real vocabulary may split a tag across them) and score it.
-
-    Returns the reward result, the total rewards as ``[B, K, M]`` and which answers parsed (``[B, K, M]`` bool).
-    """
-    b_count, k_count, m_count = tree.shape
-    texts = tree.completions()
-    completions, owners = [], []
-    for b, record in enumerate(records):
-        for k in range(k_count):
-            for m in range(m_count):
-                answer = adapter.parse_answer(texts[b][k][m], record)
-                completions.append(Completion(answer, tree.thought_texts[b][k], tree.answer_texts[b][k][m]))
-                owners.append(record)
-    result = rewards.score(completions, owners)
-    parsed = torch.tensor([not isinstance(c.answer, ParseError) for c in completions], dtype=torch.bool)
-    shape = (b_count, k_count, m_count)
-    return result, torch.tensor(result.total, dtype=torch.float32).view(shape), parsed.view(shape)
 
 
 @dataclass(frozen=True)

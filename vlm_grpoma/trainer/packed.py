@@ -29,8 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlm_grpoma.models.base import SpecialTokens, collate
-from vlm_grpoma.rollout.hf import rope_index_owner
+from vlm_grpoma.models.base import SpecialTokens, collate, rope_index_owner
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.trainer.logprobs import PathLogProbs
 

@@ -22,9 +22,9 @@ from vlm_grpoma.answers import Answer, Boxes, ContactAction, Points, Trajectory
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.images import load_mask
 from vlm_grpoma.datasets.schema import MaskRef, Record
+from vlm_grpoma.trainer.base import Trainer
 from vlm_grpoma.trainer.logging import reduce_metrics
 from vlm_grpoma.trainer.logprobs import completion_log_probs
-from vlm_grpoma.trainer.run import Run
 
 
 def reference_answer(record: Record) -> Answer:
@@ -62,7 +62,7 @@ def target_text(adapter, record: Record) -> str:
     return f"<think>{thought}</think><answer>{adapter.format_answer(answer, record)}</answer>"
 
 
-class SFTRun(Run):
+class SFTTrainer(Trainer):
     """Teacher-forced cross-entropy on :func:`target_text` completions."""
 
     def __init__(self, config: Config, *, model: torch.nn.Module | None = None) -> None:
@@ -86,7 +86,7 @@ class SFTRun(Run):
         for first in range(0, len(records), size):
             rows = list(range(first, min(first + size, len(records))))
             logp = completion_log_probs(
-                self.engine.model, prompts, rows, [targets[i] for i in rows], self.adapter.tokens
+                self.engine.deepspeed, prompts, rows, [targets[i] for i in rows], self.adapter.tokens
             )
             loss = -logp.sum() / total_tokens
             self.engine.backward(loss)
@@ -107,4 +107,4 @@ class SFTRun(Run):
 
 def main(args: argparse.Namespace) -> int:
     """``vlm-grpoma sft`` handler."""
-    return SFTRun(args.config_obj).run_to_end("sft/nll")
+    return SFTTrainer(args.config_obj).run_to_end("sft/nll")

@@ -13,7 +13,6 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-from vlm_grpoma.cli import CommandError
 from vlm_grpoma.datasets.converters.coco import convert_coco
 from vlm_grpoma.datasets.converters.common import ConvertError
 from vlm_grpoma.datasets.converters.points import convert_robopoint, convert_where2place
@@ -21,6 +20,7 @@ from vlm_grpoma.datasets.converters.refcoco import convert_refcoco
 from vlm_grpoma.datasets.converters.sharerobot import convert_sharerobot
 from vlm_grpoma.datasets.jsonl import RecordError, write_records
 from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.errors import CommandError
 
 FORMATS = ("coco", "refcoco", "sharerobot", "robopoint", "where2place")
 

@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from vlm_grpoma.answers import XY
+from vlm_grpoma.errors import DataError
 
 #: A coordinate this far (pixels) outside the image is clipped to the border; farther is an error.
 BORDER_TOLERANCE = 1.0
 _FORMAT_INSTRUCTION = re.compile(r"\s*Your answer should be formatted.*\Z", re.DOTALL)
 
 
-class ConvertError(ValueError):
+class ConvertError(DataError):
     """Input that a converter cannot turn into records; the message names the file and entry."""
 
 

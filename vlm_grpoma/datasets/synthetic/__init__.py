@@ -6,8 +6,8 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-from vlm_grpoma.cli import CommandError
 from vlm_grpoma.datasets.jsonl import read_records
+from vlm_grpoma.errors import CommandError
 
 
 def _generate_sapien(task: str, n: int, out: Path, seed: int, split: str) -> Path:

@@ -24,13 +24,13 @@ import numpy as np
 from PIL import Image
 
 from vlm_grpoma.answers import Box, Boxes, ContactAction, Trajectory
-from vlm_grpoma.cli import CommandError
 from vlm_grpoma.datasets.schema import TASKS, MaskRef, Record, record_to_json
 from vlm_grpoma.envs.sapien.camera import CameraSpec, handle_shape_ids, raycast, render
 from vlm_grpoma.envs.sapien.objects import DISPLAY_NAMES, joint_transform
 from vlm_grpoma.envs.sapien.scene import BuiltScene
 from vlm_grpoma.envs.sapien.task import EpisodeSpec, prepare, sample_split_episode
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
+from vlm_grpoma.errors import CommandError
 
 IMAGE_SIZE = 336
 MIN_MASK_PIXELS = 20

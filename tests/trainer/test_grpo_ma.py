@@ -10,9 +10,9 @@ import torch
 
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 from vlm_grpoma.rewards.base import RewardResult, register_reward
-from vlm_grpoma.trainer.evaluation import score_tree
+from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
 from vlm_grpoma.trainer.logprobs import path_log_probs
-from vlm_grpoma.trainer.loop import Trainer
+from vlm_grpoma.trainer.scoring import score_tree
 
 
 @register_reward("test_answer_length")
@@ -53,12 +53,12 @@ def overrides(data_path, *extra):
     )
 
 
-def parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
+def parameters(trainer: GRPOMATrainer) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in trainer.engine.module.named_parameters()}
 
 
 def test_trains_k4_m4_with_finite_metrics_and_changes_weights(make_config, data_path):
-    trainer = Trainer(make_config(*overrides(data_path, "train.steps=2")))
+    trainer = GRPOMATrainer(make_config(*overrides(data_path, "train.steps=2")))
     before = parameters(trainer)
     history = trainer.train()
     after = parameters(trainer)
@@ -87,7 +87,9 @@ def test_trains_k4_m4_with_finite_metrics_and_changes_weights(make_config, data_
 
 
 def test_m1_runs_as_plain_grpo(make_config, data_path):
-    trainer = Trainer(make_config(*overrides(data_path, "train.steps=1", "rollout.answers_per_thought=1")))
+    trainer = GRPOMATrainer(
+        make_config(*overrides(data_path, "train.steps=1", "rollout.answers_per_thought=1"))
+    )
     metrics = trainer.train()[0]
     assert math.isfinite(metrics["loss/total"]) and metrics["train/skipped_steps"] == 0
     assert (
@@ -100,7 +102,7 @@ def test_nan_reward_skips_the_step_and_leaves_weights(make_config, data_path):
         *overrides(data_path, "train.steps=1"),
         "rewards.weights={test_answer_length: 1.0, test_poisoned: 1.0}",
     )
-    trainer = Trainer(config)
+    trainer = GRPOMATrainer(config)
     before = parameters(trainer)
     metrics = trainer.train()[0]
     assert metrics["train/skipped_steps"] == 1 and metrics["reward/non_finite"] == 1
@@ -108,13 +110,15 @@ def test_nan_reward_skips_the_step_and_leaves_weights(make_config, data_path):
 
 
 def test_four_steps_equal_two_plus_resume_plus_two(make_config, data_path, tmp_path):
-    straight = Trainer(
+    straight = GRPOMATrainer(
         make_config(*overrides(data_path, "train.steps=4", f"logging.output_dir={tmp_path}/a"))
     )
     straight.train()
-    first = Trainer(make_config(*overrides(data_path, "train.steps=2", f"logging.output_dir={tmp_path}/b")))
+    first = GRPOMATrainer(
+        make_config(*overrides(data_path, "train.steps=2", f"logging.output_dir={tmp_path}/b"))
+    )
     first.train()
-    resumed = Trainer(
+    resumed = GRPOMATrainer(
         make_config(
             *overrides(
                 data_path, "train.steps=4", f"logging.output_dir={tmp_path}/b", "checkpoint.resume=auto"
@@ -129,7 +133,7 @@ def test_four_steps_equal_two_plus_resume_plus_two(make_config, data_path, tmp_p
 
 
 def test_repeated_updates_on_a_fixed_batch_raise_the_advantage_weighted_likelihood(make_config, data_path):
-    trainer = Trainer(make_config(*overrides(data_path, "optim.learning_rate=3e-3")))
+    trainer = GRPOMATrainer(make_config(*overrides(data_path, "optim.learning_rate=3e-3")))
     records = trainer.records[:4]
     tree = trainer._rollout(records)
     _, rewards, _ = score_tree(tree, records, trainer.adapter, trainer.rewards)
@@ -138,12 +142,12 @@ def test_repeated_updates_on_a_fixed_batch_raise_the_advantage_weighted_likeliho
 
     def weighted_likelihood() -> float:
         with torch.no_grad():
-            logp = path_log_probs(trainer.engine.model, tree, list(range(4)), trainer.adapter.tokens)
+            logp = path_log_probs(trainer.engine.deepspeed, tree, list(range(4)), trainer.adapter.tokens)
         return float((logp.answer.sum(-1) * advantages).sum())
 
     values = [weighted_likelihood()]
     for _ in range(4):
-        trainer.engine.model.train()
+        trainer.engine.deepspeed.train()
         trainer._update(tree, rewards)
         values.append(weighted_likelihood())
     assert all(b > a for a, b in zip(values, values[1:])), values
@@ -152,7 +156,7 @@ def test_repeated_updates_on_a_fixed_batch_raise_the_advantage_weighted_likeliho
 def test_shared_prefix_and_naive_passes_take_the_same_step(make_config, data_path, tmp_path):
     runs = {}
     for mode in ("shared", "naive"):
-        trainer = Trainer(
+        trainer = GRPOMATrainer(
             make_config(
                 *overrides(
                     data_path,
@@ -189,7 +193,7 @@ def test_held_out_evaluation_matches_an_independent_greedy_decode(make_config, d
             f"data.eval_sets={{held_out: {held_out}, again: {held_out}}}",
         )
     )
-    trainer = Trainer(config)
+    trainer = GRPOMATrainer(config)
     records = read_records(held_out)
     predictions = generate_predictions(
         trainer.engine.module,
@@ -216,13 +220,15 @@ def test_held_out_evaluation_matches_an_independent_greedy_decode(make_config, d
 
 
 def test_held_out_set_without_the_training_task_is_one_line_error(make_config, data_path, tmp_path):
-    from vlm_grpoma.cli import CommandError
+    from vlm_grpoma.errors import CommandError
 
     other = generate_shapes("trajectory", 2, tmp_path / "traj", seed=0, config=EASY)
     with pytest.raises(
         CommandError, match=r"^data\.eval_sets\.val: .* has no detection records \(data\.task\)$"
     ):
-        Trainer(make_config(*overrides(data_path, "train.eval_every=1", f"data.eval_sets={{val: {other}}}")))
+        GRPOMATrainer(
+            make_config(*overrides(data_path, "train.eval_every=1", f"data.eval_sets={{val: {other}}}"))
+        )
 
 
 def test_evaluation_shards_make_equal_rollout_calls_and_add_up_to_one_rank(make_config, data_path, tmp_path):
@@ -232,7 +238,7 @@ def test_evaluation_shards_make_equal_rollout_calls_and_add_up_to_one_rank(make_
     from vlm_grpoma.trainer.evaluation import EvalSet, evaluate_sets, greedy_params
 
     held_out = generate_shapes("detection", 5, tmp_path / "held_out", seed=3, split="test", config=EASY)
-    trainer = Trainer(make_config(*overrides(data_path)))
+    trainer = GRPOMATrainer(make_config(*overrides(data_path)))
     sets = [EvalSet("test", read_records(held_out))]
 
     class Counting:  # the trainer's real rollout, with its calls counted

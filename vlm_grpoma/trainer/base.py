@@ -1,5 +1,5 @@
 """What every training run shares (GRPO-MA and SFT): engine, adapter, records, data order, GSS tracking,
-metrics logging, checkpoints and exact resume. Subclasses implement :meth:`Run.train_step`."""
+metrics logging, checkpoints and exact resume. Subclasses implement :meth:`Trainer.train_step`."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 
 from vlm_grpoma.algorithm import GradientSpikeTracker
-from vlm_grpoma.cli import CommandError
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.jsonl import RecordError, read_records
 from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.errors import CommandError
 from vlm_grpoma.models.registry import load_adapter
 from vlm_grpoma.trainer.checkpoint import (
     TrainerState,
@@ -53,7 +53,7 @@ def training_records(config: Config) -> list[Record]:
     return kept
 
 
-class Run:
+class Trainer:
     """Set up (or resume) a run; :meth:`train` calls :meth:`train_step` until ``train.steps``."""
 
     def __init__(self, config: Config, *, model: torch.nn.Module | None = None) -> None:
@@ -104,7 +104,7 @@ class Run:
         raise NotImplementedError
 
     def evaluation(self) -> dict[str, float]:
-        """Held-out metrics due at the current step ({} when none are); see :class:`~vlm_grpoma.trainer.loop.Trainer`."""
+        """Held-out metrics due at the current step ({} when none are); see :class:`~vlm_grpoma.trainer.grpo_ma.GRPOMATrainer`."""
         return {}
 
     def save(self) -> Path:

@@ -24,18 +24,19 @@ from vlm_grpoma.algorithm import (
     policy_loss,
     thought_advantage_variance,
 )
-from vlm_grpoma.cli import CommandError
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.errors import CommandError
 from vlm_grpoma.rewards.base import build_rewards
 from vlm_grpoma.rollout.backends import build_rollout_engine, logprob_mismatch, sync_weights
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.tree import RolloutTree
-from vlm_grpoma.trainer.evaluation import EvalSet, evaluate_sets, greedy_params, load_eval_sets, score_tree
+from vlm_grpoma.trainer.base import Trainer
+from vlm_grpoma.trainer.evaluation import EvalSet, evaluate_sets, greedy_params, load_eval_sets
 from vlm_grpoma.trainer.logging import reduce_metrics, sum_over_ranks
 from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
 from vlm_grpoma.trainer.packed import shared_prefix_log_probs
-from vlm_grpoma.trainer.run import Run
+from vlm_grpoma.trainer.scoring import score_tree
 
 
 def sampling_seed(seed: int, step: int, rank: int) -> int:
@@ -54,7 +55,7 @@ class _UpdateStats:
             self.sums[key] += float(value)
 
 
-class Trainer(Run):
+class GRPOMATrainer(Trainer):
     """GRPO-MA: K thoughts x M answers per prompt, rewards, advantages, the clipped objective."""
 
     def __init__(self, config: Config, *, model: torch.nn.Module | None = None) -> None:
@@ -124,14 +125,14 @@ class Trainer(Run):
         old = ref = None
         if algo.policy_epochs > 1:
             with torch.no_grad():
-                old = [self._log_probs(self.engine.model, tree, chunk) for chunk in chunks]
+                old = [self._log_probs(self.engine.deepspeed, tree, chunk) for chunk in chunks]
         if self.engine.has_reference:
             with self.engine.reference() as reference:
                 ref = [self._log_probs(reference, tree, chunk) for chunk in chunks]
         stats, grad_norms, mismatch = _UpdateStats(), [], []
         for epoch in range(algo.policy_epochs):
             for index, chunk in enumerate(chunks):
-                logp = self._log_probs(self.engine.model, tree, chunk)
+                logp = self._log_probs(self.engine.deepspeed, tree, chunk)
                 if epoch == 0:  # the policy that sampled the tree: its log-probs should match the rollout's
                     mismatch += [
                         (logp.thought, tree.thought_logprobs[chunk], tree.thought_mask[chunk]),
@@ -247,4 +248,4 @@ class Trainer(Run):
 
 def main(args: argparse.Namespace) -> int:
     """``vlm-grpoma train`` handler (one process per rank under the deepspeed launcher)."""
-    return Trainer(args.config_obj).run_to_end("reward/total_mean")
+    return GRPOMATrainer(args.config_obj).run_to_end("reward/total_mean")

@@ -1,0 +1,77 @@
+"""The process group and what every layer needs to know about it: rank info, free ports, importing DeepSpeed.
+
+Used alike by the trainer, the rollout backends (a colocated vLLM joins the trainer's group) and tools that
+only need a port number, so nothing here imports torch or DeepSpeed until a function needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """This process's place in the job: global rank, world size, rank on its node, and its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def free_port() -> int:
+    """A TCP port that is free right now on localhost."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def import_deepspeed() -> Any:
+    """Import DeepSpeed: CPU accelerator without CUDA, JIT-built ops cached under ``$VLM_GRPOMA_CACHE``."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if os.environ.get("VLM_GRPOMA_CACHE"):
+        os.environ.setdefault(
+            "TORCH_EXTENSIONS_DIR", os.path.join(os.environ["VLM_GRPOMA_CACHE"], "torch_extensions")
+        )
+    import deepspeed
+
+    return deepspeed
+
+
+def init_distributed(backend: str = "auto") -> DistInfo:
+    """Join (or create) the process group: under the ``deepspeed`` launcher, or as a lone process.
+
+    A lone process gets ``RANK=0 WORLD_SIZE=1 LOCAL_RANK=0`` and a free ``MASTER_PORT``; without them
+    DeepSpeed falls back to MPI discovery and fails. ``backend="auto"``: NCCL with CUDA, else gloo.
+    Idempotent.
+    """
+    import torch
+
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    deepspeed = import_deepspeed()
+    use_cuda = torch.cuda.is_available()
+    if backend == "auto":
+        backend = "nccl" if use_cuda else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend=backend)
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    return DistInfo(torch.distributed.get_rank(), torch.distributed.get_world_size(), local_rank, device)
