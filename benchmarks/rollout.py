@@ -22,7 +22,7 @@ from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import ModelConfig
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.models.base import collate
-from vlm_grpoma.models.registry import load_model
+from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.models.tiny import build_tiny_model
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.hf import HFRolloutEngine

@@ -52,7 +52,7 @@ def main() -> int:
     from rollout import make_records  # benchmarks/rollout.py (this script's folder is on sys.path)
 
     from vlm_grpoma.config import Config, ModelConfig, RolloutConfig
-    from vlm_grpoma.models.registry import load_model
+    from vlm_grpoma.models.loading import load_model
     from vlm_grpoma.models.tiny import build_tiny_model
     from vlm_grpoma.rollout.backends import build_rollout_engine
     from vlm_grpoma.rollout.engine import SamplingParams

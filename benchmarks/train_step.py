@@ -48,7 +48,7 @@ from vlm_grpoma.datasets.jsonl import read_records
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 from vlm_grpoma.models.base import PromptInputs, SpecialTokens
-from vlm_grpoma.models.registry import load_model
+from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.models.tiny import build_tiny_model
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.hf import HFRolloutEngine

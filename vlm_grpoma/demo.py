@@ -19,7 +19,7 @@ from vlm_grpoma.config import Config, load_config
 from vlm_grpoma.datasets.jsonl import read_records
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 from vlm_grpoma.eval.grounding import evaluate
-from vlm_grpoma.models.registry import load_model
+from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.models.tiny import build_tiny_model
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
 from vlm_grpoma.trainer.sft import SFTTrainer

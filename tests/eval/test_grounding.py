@@ -415,7 +415,7 @@ def test_evaluate_library_call_sampled(shapes_records, tiny_model_dir, tmp_path)
     """The in-process entry point (the trainer's periodic eval): K samples per record, record order kept."""
     from vlm_grpoma.config import RolloutConfig
     from vlm_grpoma.eval.grounding import evaluate
-    from vlm_grpoma.models.registry import load_model
+    from vlm_grpoma.models.loading import load_model
 
     torch.set_num_threads(1)
     loaded = load_model(ModelConfig(name_or_path=str(tiny_model_dir("qwen2_5_vl")), dtype="float32"))

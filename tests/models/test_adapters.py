@@ -13,7 +13,8 @@ from vlm_grpoma.answers import Box, Boxes, ContactAction, ParseError, Points, Tr
 from vlm_grpoma.config import ModelConfig
 from vlm_grpoma.datasets.images import ImageLoadError
 from vlm_grpoma.datasets.schema import Record
-from vlm_grpoma.models.registry import SUPPORTED_MODEL_TYPES, UnsupportedModelError, load_adapter, load_model
+from vlm_grpoma.models.loading import load_model
+from vlm_grpoma.models.registry import SUPPORTED_MODEL_TYPES, UnsupportedModelError, load_adapter
 
 MIN_PIXELS, MAX_PIXELS = 56 * 56, 112 * 112
 

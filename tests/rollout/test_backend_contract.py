@@ -28,7 +28,7 @@ from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import Config, ModelConfig, RolloutConfig
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.models.families import ARCHS
-from vlm_grpoma.models.registry import load_model
+from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.rollout.backends import build_rollout_engine, logprob_mismatch
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.trainer.logprobs import path_log_probs

@@ -15,7 +15,7 @@ from vlm_grpoma.config import ModelConfig
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.models.base import collate
 from vlm_grpoma.models.families import ARCHS
-from vlm_grpoma.models.registry import load_model
+from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.hf import HFRolloutEngine
 

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import Config, LoraConfig, ModelConfig, RolloutConfig
 from vlm_grpoma.datasets.schema import Record
-from vlm_grpoma.models.registry import load_model
+from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.rollout.backends import (
     GatheredHFRollout,
     build_rollout_engine,
@@ -536,7 +536,7 @@ def test_weight_names_match_the_checkpoint(loaded):
 
 
 def test_merged_lora_weights_equal_peft_merge_and_leave_training_weights_alone(loaded):
-    from vlm_grpoma.trainer.engine import prepare_trainable
+    from vlm_grpoma.models.loading import prepare_trainable
 
     _, model, _ = loaded
     base = copy.deepcopy(model.model)

@@ -9,13 +9,10 @@ import torch
 from ds_worker import batch_ids, full_params, micro_loss, train_step
 
 from vlm_grpoma.config import ConfigError, load_config
-from vlm_grpoma.trainer.engine import (
-    build_engine,
-    deepspeed_config,
-    lr_factor,
-    prepare_trainable,
-    vision_module_names,
-)
+from vlm_grpoma.models.loading import prepare_trainable, vision_module_names
+from vlm_grpoma.trainer.deepspeed_config import deepspeed_config
+from vlm_grpoma.trainer.engine import build_engine
+from vlm_grpoma.trainer.optim import lr_factor
 
 
 def _plain_model(path, cfg):

@@ -15,7 +15,7 @@ from ds_worker import batch_ids, micro_loss
 
 from vlm_grpoma.config import load_config
 from vlm_grpoma.distributed import free_port
-from vlm_grpoma.trainer.engine import prepare_trainable
+from vlm_grpoma.models.loading import prepare_trainable
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3

@@ -612,7 +612,7 @@ def main(args: argparse.Namespace) -> int:
 
     from vlm_grpoma.datasets.jsonl import RecordError, read_records
     from vlm_grpoma.errors import CommandError
-    from vlm_grpoma.models.registry import load_model
+    from vlm_grpoma.models.loading import load_model
 
     config = args.config_obj
     checkpoint = Path(args.checkpoint)

@@ -106,7 +106,7 @@ def model_actions(
         raise CommandError(f"--policy model needs rendered images but rendering is unavailable: {reason}")
     from vlm_grpoma.datasets.synthetic.sapien import render_record
     from vlm_grpoma.eval.grounding import generate_predictions, sampling_params
-    from vlm_grpoma.models.registry import load_model
+    from vlm_grpoma.models.loading import load_model
 
     records = [
         render_record("manipulation", f"manip-eval-{split}-{seed}-{i:06d}", split, spec, oracle, image_dir)

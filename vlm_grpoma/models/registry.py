@@ -1,9 +1,6 @@
-"""Adapter registry keyed by the checkpoint's ``model_type``, and loading a model + adapter from a config."""
+"""Adapter registry keyed by the checkpoint's ``model_type``: the family of a checkpoint and its adapter."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 from vlm_grpoma.config import ModelConfig
 from vlm_grpoma.errors import UserError
@@ -28,22 +25,6 @@ def family_for(model_type: str, source: str = "") -> QwenFamily:
     return FAMILIES[model_type]
 
 
-def build_adapter(model_type: str, processor: Any, min_pixels: int, max_pixels: int) -> QwenVLAdapter:
-    return QwenVLAdapter(family_for(model_type), processor, min_pixels, max_pixels)
-
-
-@dataclass
-class LoadedModel:
-    model: Any
-    adapter: QwenVLAdapter
-
-
-def _dtype(name: str) -> Any:
-    import torch
-
-    return "auto" if name == "auto" else getattr(torch, name)
-
-
 def load_adapter(config: ModelConfig) -> QwenVLAdapter:
     """The processor and adapter of a checkpoint (local folder or hub id), without the weights."""
     from transformers import AutoConfig, AutoProcessor
@@ -53,17 +34,3 @@ def load_adapter(config: ModelConfig) -> QwenVLAdapter:
     family = family_for(model_type, source)
     processor = AutoProcessor.from_pretrained(source, trust_remote_code=config.trust_remote_code)
     return QwenVLAdapter(family, processor, config.min_pixels, config.max_pixels, config.prompt_style)
-
-
-def load_model(config: ModelConfig) -> LoadedModel:
-    """Model (dtype and attention implementation from the config) plus its adapter."""
-    from transformers import AutoModelForImageTextToText
-
-    adapter = load_adapter(config)
-    model = AutoModelForImageTextToText.from_pretrained(
-        config.name_or_path,
-        dtype=_dtype(config.dtype),
-        attn_implementation=config.attn_implementation,
-        trust_remote_code=config.trust_remote_code,
-    )
-    return LoadedModel(model=model, adapter=adapter)

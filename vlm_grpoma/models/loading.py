@@ -1,0 +1,115 @@
+"""Loading a Qwen-VL checkpoint's weights and making it trainable: dtype, attention, gradient checkpointing,
+the vision freeze and LoRA. The one place that maps dtype names to torch dtypes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vlm_grpoma.config import ConfigError, ModelConfig
+from vlm_grpoma.models.qwen import QwenVLAdapter
+from vlm_grpoma.models.registry import load_adapter
+
+#: ``model.dtype`` names and the torch dtypes they load as.
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+#: ``deepspeed.precision`` names and the ``model.dtype`` name each trains in.
+PRECISION_DTYPE_NAMES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+#: Module names that hold a VLM's vision encoder (Qwen-VL: ``model.visual``).
+VISION_MODULE_NAMES = ("visual", "vision_tower", "vision_model")
+
+
+def vision_module_names(model: torch.nn.Module) -> list[str]:
+    """Top-level names of the vision encoder modules (e.g. ``model.visual``)."""
+    names = [n for n, _ in model.named_modules() if n.rsplit(".", 1)[-1] in VISION_MODULE_NAMES]
+    return [n for n in names if not any(n.startswith(other + ".") for other in names)]
+
+
+def _in_any(name: str, prefixes: list[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def load_pretrained(model_cfg: ModelConfig, dtype: torch.dtype | str) -> torch.nn.Module:
+    """``AutoModelForImageTextToText.from_pretrained`` with the configured dtype and attention."""
+    from transformers import AutoModelForImageTextToText
+
+    if not model_cfg.name_or_path:
+        raise ConfigError("model.name_or_path: empty; name a Hugging Face checkpoint or a local folder")
+    return AutoModelForImageTextToText.from_pretrained(
+        model_cfg.name_or_path,
+        dtype=dtype,
+        attn_implementation=model_cfg.attn_implementation,
+        trust_remote_code=model_cfg.trust_remote_code,
+    )
+
+
+def prepare_trainable(model: torch.nn.Module, model_cfg: ModelConfig) -> torch.nn.Module:
+    """Gradient checkpointing, the vision freeze and LoRA; returns the module to train (PeftModel with LoRA).
+
+    With LoRA, adapters go on the language model's ``lora.target_modules`` only; ``freeze_vision: false``
+    trains the whole vision tower as a peft ``modules_to_save`` copy, so disabling the adapters still gives
+    the original (reference) vision tower.
+    """
+    if model_cfg.gradient_checkpointing:  # non-reentrant: works with frozen inputs (LoRA) and ZeRO-3
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.2x
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    vision = vision_module_names(model)
+    if not model_cfg.lora.enabled:
+        if model_cfg.freeze_vision:
+            for name, param in model.named_parameters():
+                if _in_any(name, vision):
+                    param.requires_grad_(False)
+        return model
+
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    lora = model_cfg.lora
+    targets = sorted(
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)
+        and name.rsplit(".", 1)[-1] in lora.target_modules
+        and not _in_any(name, vision)
+    )
+    if not targets:
+        raise ConfigError(
+            f"model.lora.target_modules: none of {lora.target_modules} names a linear layer "
+            "of the language model"
+        )
+    peft_config = PeftLoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        modules_to_save=None if model_cfg.freeze_vision else vision,
+    )
+    return get_peft_model(model, peft_config)
+
+
+def is_peft(module: torch.nn.Module) -> bool:
+    """A PEFT-wrapped model (LoRA adapters)."""
+    return hasattr(module, "disable_adapter") and hasattr(module, "peft_config")
+
+
+@dataclass
+class LoadedModel:
+    """A checkpoint's model (for inference: eval and manipulation evaluation) and its adapter."""
+
+    model: Any
+    adapter: QwenVLAdapter
+
+
+def load_model(config: ModelConfig) -> LoadedModel:
+    """Model (dtype and attention implementation from the config; ``auto`` keeps the checkpoint's) + adapter."""
+    adapter = load_adapter(config)
+    dtype = "auto" if config.dtype == "auto" else TORCH_DTYPES[config.dtype]
+    return LoadedModel(model=load_pretrained(config, dtype), adapter=adapter)
