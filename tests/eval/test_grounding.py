@@ -23,7 +23,7 @@ from vlm_grpoma.config import ModelConfig
 from vlm_grpoma.datasets.images import load_mask
 from vlm_grpoma.datasets.jsonl import read_records, write_records
 from vlm_grpoma.datasets.schema import ANSWER_KIND_OF_TASK, MaskRef, Record
-from vlm_grpoma.eval.grounding import Prediction, coco_ap, max_matches, score_predictions
+from vlm_grpoma.eval.grounding_metrics import Prediction, coco_ap, max_matches, score_predictions
 from vlm_grpoma.eval.overlays import CAPTION_HEIGHT, GT_COLOUR, PRED_COLOUR
 
 THOUGHT = "<think>looking</think>"
