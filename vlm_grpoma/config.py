@@ -45,6 +45,10 @@ class ModelConfig:
     #: "full": system instruction + detailed answer format (real checkpoints); "compact": a one-line instruction,
     #: ~3x shorter prompts for tiny models that learn the format from SFT (the CPU demo).
     prompt_style: Literal["full", "compact"] = "full"
+    #: Who opens the thought: "auto" follows the chat template (Qwen3-VL Thinking releases end the generation
+    #: prompt with "<think>\n", so the model starts inside the thought); "opened" makes the prompt open it,
+    #: "closed" leaves "<think>" to the model, whatever the template does.
+    thinking: Literal["auto", "opened", "closed"] = "auto"
     freeze_vision: bool = True
     gradient_checkpointing: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)

@@ -11,7 +11,7 @@ from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.models.families import FAMILIES
 from vlm_grpoma.models.qwen import QwenVLAdapter
-from vlm_grpoma.models.qwen_vocab import load_qwen2_tokenizer, wheel_path
+from vlm_grpoma.models.qwen_vocab import load_qwen_tokenizer, wheel_path
 from vlm_grpoma.models.tiny import PRESETS, SPECIAL_TOKENS, build_config, build_processor
 
 
@@ -21,7 +21,7 @@ def tokenizer():
         pytest.skip(
             f"{wheel_path()} is absent: `make setup` downloads the dashscope wheel that holds qwen.tiktoken"
         )
-    return load_qwen2_tokenizer()
+    return load_qwen_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -62,9 +62,8 @@ def generate_predictions(
         for b, record in enumerate(chunk):
             for k in range(params.num_thoughts):
                 answer = adapter.parse_answer(completions[b][k][0], record)
-                out.append(
-                    Prediction(record, k, tree.thought_texts[b][k], tree.answer_texts[b][k][0], answer)
-                )
+                thought, answer_text = tree.thought_texts[b][k], tree.answer_texts[b][k][0]
+                out.append(Prediction(record, k, thought, answer_text, answer, adapter.thought.opened))
     return out
 
 

@@ -65,6 +65,8 @@ class Prediction:
     thought_text: str
     answer_text: str
     answer: Answer | ParseError
+    #: the prompt opened the thought (``thought_text`` lacks ``<think>``)
+    thought_opened: bool = False
 
 
 @dataclass
@@ -372,7 +374,7 @@ def score_predictions(predictions: Sequence[Prediction], samples: int = 1, greed
     fmt = (
         FormatReward()
         .score(
-            [Completion(p.answer, p.thought_text, p.answer_text) for p in predictions],
+            [Completion(p.answer, p.thought_text, p.answer_text, p.thought_opened) for p in predictions],
             [p.record for p in predictions],
         )
         .total

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from vlm_grpoma.answers import Answer, CoordinateFrame, ParseError
 from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.models.prompts import ThoughtFormat
 
 if TYPE_CHECKING:
     import torch
@@ -57,6 +58,8 @@ class ModelAdapter(Protocol):
     model_type: str
     processor: Any
     tokens: SpecialTokens
+    #: whether the prompt opens the thought, and so what a completion looks like
+    thought: ThoughtFormat
 
     def messages(self, record: Record, image: Image.Image | None = None) -> list[dict[str, Any]]:
         """Chat messages (system + user with image and task instruction) for a record."""

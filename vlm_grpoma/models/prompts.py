@@ -1,6 +1,8 @@
 """Chat prompts shared by every Qwen-VL family: the think/answer system instruction and per-task instructions.
 
-Families differ only in the coordinate frame they state (``FrameSpec``); everything else is one text.
+Families differ only in the coordinate frame they state (``FrameSpec``); releases differ in who opens the
+thought (``ThoughtFormat``): "Thinking" chat templates end the generation prompt with ``<think>`` and a
+newline, so the model starts inside the thought; the others leave ``<think>`` to the model.
 """
 
 from __future__ import annotations
@@ -14,8 +16,58 @@ SYSTEM_PROMPT = (
     "then give the final answer as JSON inside <answer> </answer>."
 )
 
+#: The same instruction for a prompt that already opened the thought: the model must not open it again.
+OPENED_SYSTEM_PROMPT = (
+    "You are a helpful assistant. Your reply starts inside an open <think>: think step by step, close the "
+    "thought with </think>, then give the final answer as JSON inside <answer> </answer>."
+)
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+#: What a prompt that opens the thought appends to the generation prompt (the Qwen3 "Thinking" templates).
+OPENED_GENERATION_SUFFIX = THINK_OPEN + "\n"
+
+
+def opens_thought(generation_prompt: str) -> bool:
+    """True when a rendered generation prompt leaves a thought open (ends with ``<think>`` and whitespace).
+
+    A template that closes an empty thought itself (text Qwen3 with ``enable_thinking=False`` renders
+    ``<think>\\n\\n</think>\\n\\n``) ends with ``</think>`` and is not open.
+    """
+    return generation_prompt.rstrip().endswith(THINK_OPEN)
+
+
+@dataclass(frozen=True)
+class ThoughtFormat:
+    """Who writes ``<think>``, and therefore what a completion looks like.
+
+    ``opened``: the prompt already opened the thought; the model writes ``thought\\n</think>\\n\\n<answer>…``
+    (the layout the Qwen3 Thinking templates render for a past reply). Otherwise the model writes
+    ``<think>thought</think><answer>…</answer>`` itself.
+    """
+
+    opened: bool
+
+    @property
+    def system_prompt(self) -> str:
+        return OPENED_SYSTEM_PROMPT if self.opened else SYSTEM_PROMPT
+
+    @property
+    def close(self) -> str:
+        """The text that ends a thought (appended to a thought cut by its budget); the rollout stops on
+        :data:`THINK_CLOSE` in both cases."""
+        return "\n" + THINK_CLOSE if self.opened else THINK_CLOSE
+
+    def completion(self, thought: str, answer: str) -> str:
+        """Exactly the text the model should write for ``thought`` and the answer JSON (SFT targets)."""
+        if self.opened:
+            return f"{thought}{self.close}\n\n{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
+        return f"{THINK_OPEN}{thought}{THINK_CLOSE}{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
+
+    def full_text(self, completion: str) -> str:
+        """The completion with the ``<think>`` the prompt wrote, so both kinds are checked by one rule."""
+        return THINK_OPEN + completion if self.opened else completion
+
 
 #: The JSON shape the model must write, per answer kind (DESIGN.md §3 Answers).
 ANSWER_FORMATS: dict[str, str] = {

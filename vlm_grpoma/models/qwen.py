@@ -2,7 +2,8 @@
 
 Qwen2-VL, Qwen2.5-VL and Qwen3-VL share the chat format, processor call and special tokens; they differ in
 the coordinate frame (normalised [0, 1000] vs resized-image pixels), the vision patch size, and the model
-class, which is all a ``QwenFamily`` holds.
+class, which is all a ``QwenFamily`` holds. Releases of a family differ in their chat template: the adapter
+reads from the rendered generation prompt whether the template opens the thought (``ThoughtFormat``).
 """
 
 from __future__ import annotations
@@ -25,16 +26,37 @@ from vlm_grpoma.datasets.images import load_image
 from vlm_grpoma.datasets.schema import ANSWER_KIND_OF_TASK, Record
 from vlm_grpoma.models.base import PromptInputs, SpecialTokens
 from vlm_grpoma.models.families import QwenFamily
-from vlm_grpoma.models.prompts import ANSWER_CLOSE, SYSTEM_PROMPT, THINK_CLOSE, task_instruction
+from vlm_grpoma.models.prompts import (
+    ANSWER_CLOSE,
+    OPENED_GENERATION_SUFFIX,
+    ThoughtFormat,
+    opens_thought,
+    task_instruction,
+)
 
 if TYPE_CHECKING:
     from PIL import Image
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+THINKING_MODES = ("auto", "opened", "closed")
 
 
-def special_tokens(tokenizer: Any) -> SpecialTokens:
-    """The rollout's token ids, read from the tokenizer (tags by their canonical encoding)."""
+def generation_prompt(processor: Any) -> str:
+    """What the chat template appends for ``add_generation_prompt=True`` (rendered on a one-message probe)."""
+    probe = [{"role": "user", "content": [{"type": "text", "text": "probe"}]}]
+    without = processor.apply_chat_template(probe, tokenize=False, add_generation_prompt=False)
+    with_prompt = processor.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+    if not with_prompt.startswith(without):
+        raise ValueError(
+            "the chat template renders a conversation differently with add_generation_prompt=True; "
+            "cannot tell what it asks the model to write (set model.thinking to opened or closed)"
+        )
+    return with_prompt[len(without) :]
+
+
+def special_tokens(tokenizer: Any, thought: ThoughtFormat) -> SpecialTokens:
+    """The rollout's token ids, read from the tokenizer (tags by their canonical encoding; the closing of a
+    thought as this release writes it)."""
 
     def single(token: str) -> int:
         tid = tokenizer.convert_tokens_to_ids(token)
@@ -53,7 +75,7 @@ def special_tokens(tokenizer: Any) -> SpecialTokens:
         image_id=single("<|image_pad|>"),
         video_id=single("<|video_pad|>"),
         suppress_ids=tuple(single(t) for t in VISION_TOKENS),
-        think_close=encode(THINK_CLOSE),
+        think_close=encode(thought.close),
         answer_close=encode(ANSWER_CLOSE),
     )
 
@@ -66,10 +88,21 @@ class QwenVLAdapter:
     """Adapter for one Qwen-VL family around a loaded processor (see :class:`~vlm_grpoma.models.base.ModelAdapter`)."""
 
     def __init__(
-        self, family: QwenFamily, processor: Any, min_pixels: int, max_pixels: int, prompt_style: str = "full"
+        self,
+        family: QwenFamily,
+        processor: Any,
+        min_pixels: int,
+        max_pixels: int,
+        prompt_style: str = "full",
+        thinking: str = "auto",
     ) -> None:
+        """``thinking``: ``auto`` follows the chat template (a generation prompt ending in ``<think>`` opens the
+        thought); ``opened`` / ``closed`` make the prompt open the thought or leave it to the model whatever
+        the template does."""
         if min_pixels > max_pixels:
             raise ValueError(f"min_pixels ({min_pixels}) must not exceed max_pixels ({max_pixels})")
+        if thinking not in THINKING_MODES:
+            raise ValueError(f"thinking must be one of {', '.join(THINKING_MODES)}, got {thinking!r}")
         self.family = family
         self.model_type = family.model_type
         self.processor = processor
@@ -77,7 +110,10 @@ class QwenVLAdapter:
         self.tokenizer.padding_side = "left"
         self.min_pixels, self.max_pixels = min_pixels, max_pixels
         self.prompt_style = prompt_style
-        self.tokens = special_tokens(self.tokenizer)
+        self.template_opens_thought = opens_thought(generation_prompt(processor))
+        opened = self.template_opens_thought if thinking == "auto" else thinking == "opened"
+        self.thought = ThoughtFormat(opened)
+        self.tokens = special_tokens(self.tokenizer, self.thought)
 
     # -- frames --------------------------------------------------------------------------------------------
 
@@ -117,7 +153,18 @@ class QwenVLAdapter:
         user = {"role": "user", "content": [visual, {"type": "text", "text": text}]}
         if self.prompt_style == "compact":
             return [user]
-        return [{"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]}, user]
+        system = {"role": "system", "content": [{"type": "text", "text": self.thought.system_prompt}]}
+        return [system, user]
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        """The chat template's text for ``messages`` plus the generation prompt, with the thought opened by
+        the prompt exactly when :attr:`thought` says so (appending or dropping the template's ``<think>``)."""
+        text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        if self.thought.opened and not self.template_opens_thought:
+            return text + OPENED_GENERATION_SUFFIX
+        if self.template_opens_thought and not self.thought.opened:
+            return text[: text.rstrip().rfind(OPENED_GENERATION_SUFFIX.strip())]
+        return text
 
     def build_inputs(
         self, records: Sequence[Record], images: Sequence[Image.Image] | None = None
@@ -129,7 +176,7 @@ class QwenVLAdapter:
         out = []
         for record, image in zip(records, images, strict=True):
             messages = self.messages(record, image)
-            text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = self.render(messages)
             vision, _ = process_vision_info(messages, image_patch_size=self.family.patch_size)
             expected = self.resized_size(record.width, record.height)
             if image.size != (record.width, record.height) or vision[0].size != expected:

@@ -33,4 +33,6 @@ def load_adapter(config: ModelConfig) -> QwenVLAdapter:
     model_type = AutoConfig.from_pretrained(source, trust_remote_code=config.trust_remote_code).model_type
     family = family_for(model_type, source)
     processor = AutoProcessor.from_pretrained(source, trust_remote_code=config.trust_remote_code)
-    return QwenVLAdapter(family, processor, config.min_pixels, config.max_pixels, config.prompt_style)
+    return QwenVLAdapter(
+        family, processor, config.min_pixels, config.max_pixels, config.prompt_style, config.thinking
+    )

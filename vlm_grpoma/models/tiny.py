@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,8 +167,17 @@ def _corpus(seed: int, n: int = 3000) -> list[str]:
     return texts
 
 
-def build_tokenizer(seed: int = 0, vocab_size: int = 512):
-    """Byte-level BPE with Qwen's pre-tokenizer regex, special tokens and chat template."""
+def build_tokenizer(
+    seed: int = 0,
+    vocab_size: int = 512,
+    added_tokens: Sequence[str] = TAG_TOKENS,
+    chat_template: str = CHAT_TEMPLATE,
+):
+    """Byte-level BPE with Qwen's pre-tokenizer regex, special tokens and a chat template.
+
+    ``added_tokens`` become single (non-special) tokens after the special ones: the think/answer tags by
+    default; a release's own list to mimic its vocabulary (Qwen3 adds ``<think>``/``</think>`` only).
+    """
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
 
@@ -188,10 +198,10 @@ def build_tokenizer(seed: int = 0, vocab_size: int = 512):
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
     tokenizer = Qwen2Tokenizer(vocab=state["vocab"], merges=merges, errors="replace")
     tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[1:])})
-    tokenizer.add_tokens(list(TAG_TOKENS))
+    tokenizer.add_tokens(list(added_tokens))
     tokenizer.eos_token = "<|im_end|>"
     tokenizer.pad_token = "<|endoftext|>"
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 
@@ -275,7 +285,8 @@ def build_config(arch: str, preset: TinyPreset, tokenizer):
 
 
 def build_processor(arch: str, tokenizer):
-    """Image + video processors with small pixel bounds, wrapped in the family's processor class."""
+    """Image + video processors with small pixel bounds, wrapped in the family's processor class (with the
+    tokenizer's chat template)."""
     import transformers as tf
 
     patch = 16 if arch == "qwen3_vl" else 14
@@ -292,17 +303,23 @@ def build_processor(arch: str, tokenizer):
     else:
         video = tf.Qwen2VLVideoProcessor(size=size, patch_size=patch, merge_size=2)
         cls = tf.Qwen2_5_VLProcessor if arch == "qwen2_5_vl" else tf.Qwen2VLProcessor
-    return cls(image_processor=image, tokenizer=tokenizer, video_processor=video, chat_template=CHAT_TEMPLATE)
+    return cls(
+        image_processor=image,
+        tokenizer=tokenizer,
+        video_processor=video,
+        chat_template=tokenizer.chat_template,
+    )
 
 
-def build_tiny_model(arch: str, out: str | Path, seed: int = 0, preset: str = "tiny") -> Path:
-    """Build a random tiny model of family ``arch`` with its processor and save both to ``out``."""
+def build_tiny_model(arch: str, out: str | Path, seed: int = 0, preset: str = "tiny", tokenizer=None) -> Path:
+    """Build a random tiny model of family ``arch`` with its processor and save both to ``out``
+    (``tokenizer``: the vocabulary and chat template to use instead of :func:`build_tokenizer`'s)."""
     import torch
     import transformers as tf
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
-    tokenizer = build_tokenizer(seed, PRESETS[preset].bpe_vocab)
+    tokenizer = tokenizer or build_tokenizer(seed, PRESETS[preset].bpe_vocab)
     config = build_config(arch, PRESETS[preset], tokenizer)
     torch.manual_seed(seed)
     model = tf.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)

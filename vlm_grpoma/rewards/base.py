@@ -24,11 +24,15 @@ class RewardResult:
 
 @dataclass(frozen=True)
 class Completion:
-    """What a reward may look at for one sampled answer: the typed answer and the raw texts."""
+    """What a reward may look at for one sampled answer: the typed answer and the raw texts.
+
+    ``thought_opened``: the prompt already opened the thought, so ``thought_text`` lacks ``<think>``.
+    """
 
     answer: Answer | ParseError
     thought_text: str = ""
     answer_text: str = ""
+    thought_opened: bool = False
 
 
 class Reward(Protocol):

@@ -1,5 +1,8 @@
 """Format reward: the thought+answer text has the ``<think>…</think><answer>…</answer>`` structure and the
 answer parsed into the kind the record's task needs. Range: {0, 1}.
+
+When the prompt opened the thought (Qwen3-VL Thinking releases) the completion starts inside it: the
+``<think>`` the prompt wrote counts as the completion's own, and a second one breaks the structure.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from collections.abc import Sequence
 
 from vlm_grpoma.answers import ANSWER_KINDS, ParseError
 from vlm_grpoma.datasets.schema import ANSWER_KIND_OF_TASK, Record
+from vlm_grpoma.models.prompts import ThoughtFormat
 from vlm_grpoma.rewards.base import Completion, RewardResult, register_reward
 
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
@@ -37,7 +41,9 @@ class FormatReward:
         structure, parseable, total = [], [], []
         failures: Counter[str] = Counter()
         for c, record in zip(completions, records):
-            ok_structure = has_structure(c.thought_text + c.answer_text)
+            ok_structure = has_structure(
+                ThoughtFormat(c.thought_opened).full_text(c.thought_text + c.answer_text)
+            )
             if isinstance(c.answer, ParseError):
                 ok_answer = False
                 failures[c.answer.reason] += 1

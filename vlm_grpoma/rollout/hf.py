@@ -1,10 +1,11 @@
 """Transformers rollout backend: a batched sampling loop over model forwards with a shared KV cache.
 
 The prompt batch is prefilled once (left padded) and its cache expanded K times for phase 1; the K thoughts
-are decoded together. Thoughts that ran out of budget get the ``</think>`` tokens appended and fed, so the
-cache then holds prompt + thought for every (b, k); phase 2 expands that cache M times and decodes all
-B·K·M answers together, never recomputing the shared prefix (``reuse_prefix_cache=False`` recomputes it,
-as a reference). Positions are Qwen-VL's 3-axis mRoPE ids, computed by the model's own ``get_rope_index``
+are decoded together. A thought ends when its text gains ``</think>``; one that ran out of budget gets the
+closing tokens appended and fed (``SpecialTokens.think_close``: ``</think>``, after a newline when the
+prompt opened the thought), so the cache then holds prompt + thought for every (b, k); phase 2 expands that
+cache M times and decodes all B·K·M answers together, never recomputing the shared prefix
+(``reuse_prefix_cache=False`` recomputes it, as a reference). Positions are Qwen-VL's 3-axis mRoPE ids, computed by the model's own ``get_rope_index``
 for the prompt and continued as ``last + 1`` on all three axes for generated text, which is what
 transformers does during cached generation; finished rows keep stepping with their new columns masked out.
 """

@@ -30,7 +30,11 @@ def score_tree(
         for k in range(k_count):
             for m in range(m_count):
                 answer = adapter.parse_answer(texts[b][k][m], record)
-                completions.append(Completion(answer, tree.thought_texts[b][k], tree.answer_texts[b][k][m]))
+                completions.append(
+                    Completion(
+                        answer, tree.thought_texts[b][k], tree.answer_texts[b][k][m], adapter.thought.opened
+                    )
+                )
                 owners.append(record)
     result = rewards.score(completions, owners)
     parsed = torch.tensor([not isinstance(c.answer, ParseError) for c in completions], dtype=torch.bool)

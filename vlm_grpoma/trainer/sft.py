@@ -5,6 +5,8 @@ frame), then the ground truth written as this family's answer JSON::
 
     <think>The target is near (412, 230).</think><answer>[{"bbox_2d": [380, 200, 444, 260], ...}]</answer>
 
+(a prompt that already opened the thought gets ``The target is near (412, 230).\n</think>\n\n<answer>…``).
+
 The loss is the mean negative log-likelihood over the target tokens of a rank's batch (token mean), run on the
 same DeepSpeed engine, data order, logging and checkpoints as GRPO-MA training.
 """
@@ -53,13 +55,14 @@ def _anchor(answer: Answer) -> tuple[float, float]:
 
 
 def target_text(adapter, record: Record) -> str:
-    """Templated thought + ground-truth answer, in the adapter's frame."""
+    """Templated thought + ground-truth answer in the adapter's frame, written exactly as the model would write
+    it: without ``<think>`` when the prompt already opened the thought."""
     answer = reference_answer(record)
     frame = adapter.frame(record)
     x, y = _anchor(answer)
     mx, my = x * frame.model_width / frame.width, y * frame.model_height / frame.height
     thought = f"The target is near ({round(mx)}, {round(my)})."
-    return f"<think>{thought}</think><answer>{adapter.format_answer(answer, record)}</answer>"
+    return adapter.thought.completion(thought, adapter.format_answer(answer, record))
 
 
 class SFTTrainer(Trainer):
