@@ -11,8 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vlm_grpoma.answers import (
+    MAX_ANSWER_CHARS,
     MAX_BOXES,
+    MAX_COORDINATE,
     MAX_POINTS,
+    MAX_TEXT_CHARS,
     Box,
     Boxes,
     ContactAction,
@@ -175,6 +178,28 @@ def test_caps_on_answer_size():
     assert reason(parse_answer(many_points, "trajectory")) == "too_many_points"
     assert reason(parse_answer(many_points, "points")) == "too_many_points"
     assert reason(parse_answer("[" + " " * 200_000 + "1, 2]", "points")) == "too_long"
+
+
+def test_caps_are_inclusive_at_exactly_the_limit():
+    """Each cap allows exactly its limit and refuses one more: characters of the text and of the answer
+    body, points of a trajectory, and the coordinate magnitude rewards accept."""
+    body = "[[0, 0, 1, 1]]"
+    at = "[" + " " * (MAX_ANSWER_CHARS - len(body)) + body[1:]
+    assert len(at) == MAX_ANSWER_CHARS and isinstance(parse_answer(at, "boxes"), Boxes)
+    assert reason(parse_answer("[ " + at[1:], "boxes")) == "too_long"
+    text = f"<answer>{body}</answer>"
+    padded = text + " " * (MAX_TEXT_CHARS - len(text))
+    assert len(padded) == MAX_TEXT_CHARS and isinstance(parse_answer(padded, "boxes"), Boxes)
+    assert reason(parse_answer(padded + " ", "boxes")) == "too_long"
+    path = [[i % 7, i % 5] for i in range(MAX_POINTS)]
+    assert len(parse_answer(json.dumps(path), "trajectory").points) == MAX_POINTS
+    assert reason(parse_answer(json.dumps([*path, [0, 0]]), "trajectory")) == "too_many_points"
+    edge = [
+        Points(((MAX_COORDINATE, -MAX_COORDINATE),)),
+        Points(((math.nextafter(MAX_COORDINATE, math.inf), 0),)),
+    ]
+    indices, _, failures = answers_of_kind(edge, "points")
+    assert indices == [0] and failures == {"coordinate_range": 1}
 
 
 def test_bounds_tolerance_is_one_unit():

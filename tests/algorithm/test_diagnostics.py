@@ -25,6 +25,25 @@ def test_gss_matches_definition_and_counts_spikes():
     assert tracker.spike_fraction == pytest.approx(1 / len(norms))
 
 
+def test_gss_exactly_ten_times_the_mean_is_not_a_spike():
+    """GSS@10 counts scores that EXCEED 10: ten steps of norm 1 then 100 give a mean of 110 / 11 = 10 and a
+    score of exactly 10 (no spike); 101 gives 101 / (111 / 11) > 10 (a spike)."""
+    at, above = GradientSpikeTracker(), GradientSpikeTracker()
+    for _ in range(10):
+        at.update(1.0)
+        above.update(1.0)
+    assert at.update(100.0) == 10.0 and at.spikes == 0
+    assert above.update(101.0) > 10.0 and above.spikes == 1
+    custom = GradientSpikeTracker(threshold=2.0)
+    assert [custom.update(n) for n in (1.0, 3.0)] == [1.0, 1.5] and custom.spikes == 0
+
+
+def test_gss_of_zero_norms_is_zero():
+    tracker = GradientSpikeTracker()
+    assert tracker.update(0.0) == 0.0 and tracker.update(0.0) == 0.0
+    assert tracker.update(5.0) == pytest.approx(3.0) and tracker.spikes == 0
+
+
 def test_gss_first_step_is_one_and_non_finite_norms_are_skipped():
     tracker = GradientSpikeTracker()
     assert tracker.update(3.0) == 1.0

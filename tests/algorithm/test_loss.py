@@ -213,6 +213,53 @@ def test_clip_fraction_on_constructed_ratios():
     assert out.clip_fraction.item() == pytest.approx(2 / 7)
 
 
+def test_clip_fractions_with_asymmetric_counts_and_bounds():
+    """Two tokens clipped high and one low (low and high reported apart), asymmetric bounds, and a ratio
+    exactly on a bound is not counted as clipped."""
+    ratios = torch.tensor([[2.0, 2.0, 1.0, 1.5], [0.5, 0.25, 1.0, 2.0]], dtype=torch.float64)
+    assert torch.equal(torch.exp(torch.log(ratios)), ratios)  # exact in float64: the bound tests are exact
+    logp = torch.log(ratios).requires_grad_(True)
+    advantages = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    out = policy_loss(
+        Segments(
+            logp,
+            torch.ones(2, 4, dtype=torch.bool),
+            advantages,
+            torch.ones(2, dtype=torch.float64),
+            old_logp=torch.zeros_like(logp),
+        ),
+        clip_eps_low=0.5,
+        clip_eps_high=0.5,
+        kl_beta=0.0,
+    )
+    # A > 0, bound 1.5: r = 2, 2 clipped high; r = 1.5 sits on the bound. A < 0, bound 0.5: r = 0.25 clipped
+    # low; r = 0.5 on the bound; r = 2 is outside the bounds but on the side the min ignores.
+    assert out.tokens == 8
+    assert out.clip_high_fraction.item() == pytest.approx(2 / 8)
+    assert out.clip_low_fraction.item() == pytest.approx(1 / 8)
+    assert out.clip_fraction.item() == pytest.approx(3 / 8)
+    out.loss.backward()
+    # clipped tokens get no gradient, tokens inside the bounds -r·A (tokens on a bound: torch splits the tie)
+    assert logp.grad[0, :2].tolist() == [0.0, 0.0] and logp.grad[1, 1].item() == 0.0
+    assert logp.grad[0, 2].item() == -1.0 and logp.grad[1, 2:].tolist() == [1.0, 2.0]
+    # unequal bounds: 1 + 0.5 above, 1 - 0.75 below; r = 1.625 lies between 1 + ε_high and 1 + ε_low
+    ratios = torch.tensor([[2.0, 1.625, 1.0, 1.5], [0.5, 0.25, 1.0, 2.0]], dtype=torch.float64)
+    unequal = policy_loss(
+        Segments(
+            torch.log(ratios),
+            torch.ones(2, 4, dtype=torch.bool),
+            advantages,
+            torch.ones(2, dtype=torch.float64),
+            old_logp=torch.zeros(2, 4, dtype=torch.float64),
+        ),
+        clip_eps_low=0.75,
+        clip_eps_high=0.5,
+        kl_beta=0.0,
+    )
+    assert unequal.clip_high_fraction.item() == pytest.approx(2 / 8)
+    assert unequal.clip_low_fraction.item() == 0.0  # r = 0.25 is on the low bound 1 - 0.75
+
+
 def test_clipped_tokens_have_zero_gradient_and_unclipped_have_minus_ratio_times_advantage():
     logp = torch.log(torch.tensor([[0.5, 1.0, 1.5]])).requires_grad_(True)
     out = policy_loss(
@@ -258,6 +305,24 @@ def test_kl_term_k3_properties():
     torch.testing.assert_close(with_kl.loss, 0.5 * k3_kl(logp, ref).sum())
     assert without.loss.item() == 0.0 and without.kl.item() == 0.0
     torch.testing.assert_close(with_kl.kl, k3_kl(logp, ref).mean())
+
+
+def test_reported_kl_is_the_token_weighted_mean():
+    """The logged KL weighs each token by its segment's weight (a long and a short segment differ)."""
+    logp = torch.log(torch.tensor([[0.2, 0.5, 0.9], [0.4, 0.4, 0.4]], dtype=torch.float64))
+    ref = torch.log(torch.tensor([[0.3, 0.1, 0.95], [0.1, 0.2, 0.3]], dtype=torch.float64))
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    weights = torch.tensor([1.0, 3.0], dtype=torch.float64)
+    out = policy_loss(
+        Segments(logp, mask, torch.zeros(2, dtype=torch.float64), weights, ref_logp=ref),
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+        kl_beta=0.1,
+    )
+    k3 = k3_kl(logp, ref)
+    expected = (k3[0].sum() * 1.0 + k3[1, 0] * 3.0) / (3 * 1.0 + 1 * 3.0)
+    torch.testing.assert_close(out.kl, expected)
+    torch.testing.assert_close(out.loss, 0.1 * (k3[0].sum() + 3.0 * k3[1, 0]))
 
 
 def test_micro_batches_add_up_to_the_full_batch_loss():

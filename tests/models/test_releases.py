@@ -408,6 +408,17 @@ def test_hf_rollout_stops_where_the_release_closes_the_thought(name, release_mod
     )
     assert torch.allclose(naive.thought, packed.thought, atol=1e-5)
     assert torch.allclose(naive.answer, packed.answer, atol=1e-5)
+    # the grounding evaluation reads the same completion as well formed
+    from vlm_grpoma.eval.grounding import generate_predictions
+    from vlm_grpoma.eval.grounding_metrics import score_predictions
+
+    handle = scripted(model, script)
+    try:
+        predictions = generate_predictions(model, adapter, [record], params)
+    finally:
+        handle.remove()
+    report = score_predictions(predictions)
+    assert report.tasks["detection"].format_rate == 1.0 and report.tasks["detection"].parse_rate == 1.0
 
 
 @pytest.mark.parametrize("name", NAMES)

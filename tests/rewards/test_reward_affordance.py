@@ -52,6 +52,22 @@ def test_mask_distance_component_matches_brute_force(square_mask, make_record, c
         assert got == pytest.approx(float(np.clip((20.0 - d) / 19.0, 0, 1)), abs=1e-5)
 
 
+def test_points_on_and_just_beyond_the_image_border(tmp_path, make_record, completions):
+    """A point in pixel column W (x in [W, W+1)) is off the image even when the last column is in the mask,
+    and an off-image point's distance is the border pixel's plus the Euclidean step to it (exact here: the
+    mask holds the right column and the bottom-right corner)."""
+    inside = np.zeros((48, 64), dtype=bool)
+    inside[:, 63] = True
+    path = write_mask(tmp_path / "edge.png", inside)
+    rec = make_record(MaskRef(path), task="affordance", width=64, height=48)
+    reward = AffordanceReward(r_in=0.0, r_out=10.0, reference_diagonal=float(np.hypot(64, 48)))
+    points = [(63.99, 20), (64.0, 20), (66.5, 20), (63.5, 47.99), (63.5, 48.0), (66.2, 51.7)]
+    result = reward.score(completions([Points((p,)) for p in points]), [rec] * len(points))
+    assert result.components["in_region"] == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    # distances 0, 1, 3, 0, 1 (row 48 to row 47) and hypot(3, 4) = 5 from the corner pixel
+    assert result.components["distance"] == pytest.approx([1.0, 0.9, 0.7, 1.0, 0.9, 0.5])
+
+
 def test_masks_are_cached_per_path(square_mask, make_record, completions, tmp_path):
     path, inside = square_mask
     rec = make_record(MaskRef(path), task="affordance", width=64, height=48)

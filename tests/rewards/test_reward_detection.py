@@ -16,6 +16,7 @@ from vlm_grpoma.rewards.detection import (
     IoUReward,
     batch_matched_scores,
     box_iou,
+    boxes_array,
     generalized_box_iou,
     matched_score,
     pair_scores,
@@ -138,6 +139,23 @@ def test_reward_threshold_and_giou(make_record, completions):
     assert IoUReward(threshold=0.3).score(completions([half, far]), recs).total == pytest.approx([1 / 3, 0])
     giou = IoUReward(mode="giou").score(completions([half, far]), recs).total
     assert giou == pytest.approx([(1 / 3 - (150 - 150) / 150 + 1) / 2, 0.25])
+
+
+def test_threshold_counts_a_score_exactly_at_the_threshold(make_record, completions):
+    """ "At or above the threshold counts": IoU exactly 0.5 (a 10x5 box inside a 10x10 one, 50/100) counts at
+    threshold 0.5 and not above it, through the 1x1 shortcut and through the matching of 2x2 pairs."""
+    gt_one = Boxes((Box(0, 0, 10, 10),))
+    pred_one = Boxes((Box(0, 0, 10, 5),))
+    gt_two = Boxes((Box(0, 0, 10, 10), Box(50, 50, 60, 60)))
+    pred_two = Boxes((Box(50, 55, 60, 60), Box(0, 0, 10, 5)))  # each exactly 0.5 with one ground truth
+    assert box_iou(boxes_array(pred_one), boxes_array(gt_one))[0, 0] == 0.5
+    recs = [make_record(gt_one), make_record(gt_two)]
+    at = IoUReward(threshold=0.5).score(completions([pred_one, pred_two]), recs)
+    assert at.total == [0.5, 0.5] and at.components["matched"] == [0.5, 0.5]
+    above = IoUReward(threshold=np.nextafter(0.5, 1.0)).score(completions([pred_one, pred_two]), recs)
+    assert above.total == [0.0, 0.0]
+    scores = np.array([[0.5, 0.0], [0.0, 0.5]])
+    assert matched_score(scores, 0.5).score == 0.5 and matched_score(scores, 0.5000001).score == 0.0
 
 
 def test_reward_zero_for_parse_errors_and_wrong_kind(make_record, completions):

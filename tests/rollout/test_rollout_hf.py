@@ -130,12 +130,22 @@ def test_greedy_answers_with_reused_cache_equal_recomputed(setup):
     assert (reused.answer_ids == reused.answer_ids[:, :, :1]).all()
 
 
-def test_sampled_logprobs_equal_teacher_forced_forward(setup):
-    """Log-probs recorded while sampling (temperature 1) == log-softmax of one full forward of the sequence,
-    whose mRoPE positions the model computes itself."""
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"temperature": 1.0},
+        # away from temperature 1 and with top-k/top-p filters the raw and the warped distributions differ:
+        # the recorded log-probs must be the RAW ones (the rollout-tree contract)
+        {"temperature": 0.5, "top_k": 20, "top_p": 0.9, "ignore_stop": True},
+        {"temperature": 1.5, "answer_temperature": 0.5, "ignore_stop": True},
+    ],
+)
+def test_sampled_logprobs_equal_teacher_forced_forward(setup, sampling):
+    """Log-probs recorded while sampling == log-softmax of one full forward of the sequence (unscaled,
+    unfiltered), whose mRoPE positions the model computes itself."""
     model, adapter, prompts = setup
     params = SamplingParams(
-        num_thoughts=2, answers_per_thought=2, max_thought_tokens=9, max_answer_tokens=6, seed=2
+        num_thoughts=2, answers_per_thought=2, max_thought_tokens=9, max_answer_tokens=6, seed=2, **sampling
     )
     with logit_bias(model, tag_bias(adapter, 3.0)):
         tree = HFRolloutEngine.for_adapter(model, adapter).sample(prompts, params)
@@ -158,6 +168,33 @@ def test_sampled_logprobs_equal_teacher_forced_forward(setup):
             [tree.thought_logprobs[seg.prompt_index, seg.thought_index][: len(thought)], seg.logprobs]
         )
         torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_sampling_follows_the_tempered_distribution(setup, temperature):
+    """Tokens are drawn from softmax(logits / T): two tokens made likely by a bias are sampled in the odds
+    (p_a / p_b) ** (1 / T), where p are the raw probabilities the rollout records (checked at T != 1, where
+    sampling from the raw distribution would give p_a / p_b instead)."""
+    model, adapter, prompts = setup
+    a, b = 100, 101
+    params = SamplingParams(
+        num_thoughts=800,
+        answers_per_thought=1,
+        max_thought_tokens=1,
+        max_answer_tokens=1,
+        temperature=temperature,
+        ignore_stop=True,
+        seed=5,
+    )
+    with logit_bias(model, {a: 30.0, b: 29.0}):  # a and b hold nearly all the mass; raw odds near e
+        tree = HFRolloutEngine.for_adapter(model, adapter).sample(prompts[:1], params)
+    first, logp = tree.thought_ids[0, :, 0], tree.thought_logprobs[0, :, 0]
+    n_a, n_b = int((first == a).sum()), int((first == b).sum())
+    assert n_a + n_b >= 790
+    raw_odds = float((logp[first == a][0] - logp[first == b][0]).exp())
+    expected = raw_odds ** (1 / temperature)
+    # binomial noise of the observed odds at these counts is ~10 %; sampling untempered would be off by x e^(±1)
+    assert n_a / n_b == pytest.approx(expected, rel=0.3), (n_a, n_b, raw_odds)
 
 
 def test_batched_prompts_equal_prompts_alone(setup):

@@ -97,6 +97,27 @@ def test_m1_runs_as_plain_grpo(make_config, data_path):
     )  # NaN: needs M>=2
 
 
+def test_second_policy_epoch_logs_low_and_high_clipping(make_config, data_path):
+    """With two policy epochs and a large step the second epoch's ratios leave the clip range; the logged
+    low and high fractions are the two sides of the logged clip fraction."""
+    trainer = GRPOMATrainer(
+        make_config(
+            *overrides(
+                data_path,
+                "train.steps=1",
+                "algorithm.policy_epochs=2",
+                "algorithm.kl_beta=0.0",
+                "optim.learning_rate=0.05",
+                "optim.max_grad_norm=100.0",
+            )
+        )
+    )
+    metrics = trainer.train()[0]
+    low, high = metrics["loss/clip_low_fraction"], metrics["loss/clip_high_fraction"]
+    assert 0.0 <= low <= 1.0 and 0.0 <= high <= 1.0
+    assert low + high == pytest.approx(metrics["loss/clip_fraction"]) and metrics["loss/clip_fraction"] > 0
+
+
 def test_nan_reward_skips_the_step_and_leaves_weights(make_config, data_path):
     config = make_config(
         *overrides(data_path, "train.steps=1"),

@@ -168,6 +168,8 @@ class GRPOMATrainer(Trainer):
                     policy_loss=sum(float(p.policy_loss) for p in parts),
                     kl_tokens=sum(float(p.kl) * p.tokens for p in parts),
                     clipped_tokens=sum(float(p.clip_fraction) * p.tokens for p in parts),
+                    clipped_low_tokens=sum(float(p.clip_low_fraction) * p.tokens for p in parts),
+                    clipped_high_tokens=sum(float(p.clip_high_fraction) * p.tokens for p in parts),
                     tokens=tokens,
                 )
             result = self.engine.step()
@@ -182,6 +184,8 @@ class GRPOMATrainer(Trainer):
                 "loss/policy": s["policy_loss"] / epochs,
                 "loss/kl": s["kl_tokens"] / max(s["tokens"], 1),
                 "loss/clip_fraction": s["clipped_tokens"] / max(s["tokens"], 1),
+                "loss/clip_low_fraction": s["clipped_low_tokens"] / max(s["tokens"], 1),
+                "loss/clip_high_fraction": s["clipped_high_tokens"] / max(s["tokens"], 1),
                 "train/skipped_steps": s["skipped"],
                 "train/learning_rate": s["learning_rate"] / epochs,
                 "adv/thought_abs_mean": float(thought_adv.abs().mean()),
