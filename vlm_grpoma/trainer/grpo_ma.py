@@ -27,7 +27,7 @@ from vlm_grpoma.algorithm import (
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import CommandError
-from vlm_grpoma.rewards.base import build_rewards
+from vlm_grpoma.rewards.registry import build_rewards
 from vlm_grpoma.rollout.backends import build_rollout_engine, logprob_mismatch, sync_weights
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.tree import RolloutTree
