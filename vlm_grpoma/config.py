@@ -92,7 +92,7 @@ class RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """GRPO-MA advantages and the clipped policy objective (DESIGN.md §3 Algorithm)."""
+    """GRPO-MA advantages and the clipped policy objective (see ``vlm_grpoma/algorithm``)."""
 
     advantage_scale: Literal["std", "none"] = "std"
     advantage_eps: float = 1e-4

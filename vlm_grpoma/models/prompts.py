@@ -17,7 +17,7 @@ SYSTEM_PROMPT = (
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 
-#: The JSON shape the model must write, per answer kind (DESIGN.md §3 Answers).
+#: The JSON shape the model must write, per answer kind (parsed by ``vlm_grpoma.answers``).
 ANSWER_FORMATS: dict[str, str] = {
     "boxes": 'a list of boxes [{"bbox_2d": [x1, y1, x2, y2], "label": "name"}] '
     "with (x1, y1) the top-left and (x2, y2) the bottom-right corner, one box per matching object",

@@ -1,4 +1,4 @@
-"""The GRPO-MA training loop, one step as in DESIGN.md §2.
+"""The GRPO-MA trainer: one training step, as in the data flow of ``docs/architecture.md``.
 
 records → rollout tree (policy in eval mode, no grad) → rewards → advantages → μ policy epochs over
 micro-batches of prompts (thought and answer segments) → optimizer step → metrics. Prompts are sharded across
