@@ -83,9 +83,10 @@ def _make_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="train")
     p.add_argument(
         "--difficulty",
-        choices=("easy", "normal"),
+        choices=("easy", "normal", "relational"),
         default="normal",
-        help="shapes only: easy = 112px, one or two shapes (the CPU demo's level)",
+        help="shapes only: easy = 112px, one or two shapes (the CPU demo's level); relational = 112px, 3-6 "
+        "shapes, a prompt that needs all of them and a reference thought that decides (detection)",
     )
 
 

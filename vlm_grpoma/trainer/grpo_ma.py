@@ -67,10 +67,10 @@ class GRPOMATrainer(Trainer):
         super().__init__(config, model=model)
         self.rollout = build_rollout_engine(config, self.engine, self.adapter, dist=self.dist)
 
-    def evaluation(self) -> dict[str, float]:
+    def evaluation(self, final: bool = False) -> dict[str, float]:
         """Held-out metrics when ``train.eval_every`` says so (before step 1, every N steps, after the last)."""
-        every, steps = self.config.train.eval_every, self.config.train.steps
-        if not every or (self.step % every and self.step != steps):
+        every = self.config.train.eval_every
+        if not every or (self.step % every and not final):
             return {}
         start = time.perf_counter()
         metrics = evaluate_sets(
