@@ -6,8 +6,11 @@ manipulation from one SFT warm start per task; writes docs/results.md and its pl
 """
 
 import sys
+from pathlib import Path
 
-from vlm_grpoma.compare.main import main
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the comparison package lives next to this script
+
+from comparison.main import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 from vlm_grpoma.answers import Box, Boxes, Trajectory, format_answer, parse_answer  # noqa: E402
 from vlm_grpoma.datasets.schema import Record  # noqa: E402
 from vlm_grpoma.rewards import build_reward  # noqa: E402
-from vlm_grpoma.rewards.base import Completion  # noqa: E402
+from vlm_grpoma.rewards.registry import Completion  # noqa: E402
 
 WIDTH, HEIGHT = 640, 480
 

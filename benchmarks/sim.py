@@ -15,10 +15,11 @@ import time
 
 from PIL import Image, ImageDraw
 
+from vlm_grpoma.cache import cache_dir
 from vlm_grpoma.envs.sapien.camera import render
 from vlm_grpoma.envs.sapien.pool import SimPool
 from vlm_grpoma.envs.sapien.task import execute, prepare, sample_split_episode
-from vlm_grpoma.envs.sapien.vulkan import cache_dir, rendering_status
+from vlm_grpoma.envs.sapien.vulkan import rendering_status
 from vlm_grpoma.eval.manipulation import random_action
 
 

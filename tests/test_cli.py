@@ -9,7 +9,7 @@ import pytest
 
 from vlm_grpoma import cli, errors
 
-DESIGN_COMMANDS = {
+EXPECTED_COMMANDS = {
     "demo",
     "train",
     "sft",
@@ -23,12 +23,12 @@ DESIGN_COMMANDS = {
 
 
 def test_every_design_command_is_declared(capsys):
-    assert {c.name for c in cli.COMMANDS} == DESIGN_COMMANDS
+    assert {c.name for c in cli.COMMANDS} == EXPECTED_COMMANDS
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    assert all(name in out for name in DESIGN_COMMANDS)
+    assert all(name in out for name in EXPECTED_COMMANDS)
 
 
 @pytest.mark.parametrize(

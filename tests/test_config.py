@@ -181,9 +181,15 @@ def test_console_script_exit_code(tmp_path):
     assert result.stderr.strip().startswith("vlm-grpoma train: error: rollout.num_thoughts: must be >= 2")
 
 
-@pytest.mark.parametrize(
-    "path", sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml")), ids=lambda p: p.name
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED_CONFIGS = sorted(
+    path
+    for folder in ("configs", "vlm_grpoma/configs", "benchmarks/comparison/configs")
+    for path in (REPO / folder).rglob("*.yaml")
 )
+
+
+@pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
 def test_shipped_configs_validate(path):
     config = load_config(path)
     validate(config, world_size=8 if "7b" in path.name else 1)

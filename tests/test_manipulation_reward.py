@@ -9,8 +9,9 @@ import pytest
 from vlm_grpoma.answers import Box, Boxes, ContactAction, ParseError
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.envs.sapien.task import sample_split_episode
-from vlm_grpoma.rewards.base import Completion, build_reward, registered_rewards
+from vlm_grpoma.rewards.base import Completion
 from vlm_grpoma.rewards.manipulation import COMPONENTS, ManipulationReward
+from vlm_grpoma.rewards.registry import build_reward, registered_rewards
 
 
 def _record(i: int) -> tuple[Record, ContactAction]:
@@ -57,7 +58,7 @@ def test_scores_oracle_random_and_malformed(reward):
     assert result.components["success"] == result.total
     assert result.components["joint_progress"][0] > 0.05 and result.components["joint_progress"][1] == 0
     assert result.components["executed"] == [1.0, 0.0, 0.0, 0.0, 1.0]
-    assert result.failures == {"off_object": 1, "no_answer_tag": 1, "wrong_answer_type": 1}
+    assert result.failures == {"off_object": 1, "no_answer_tag": 1, "wrong_kind": 1}
 
 
 def test_bad_meta_names_the_record(reward):

@@ -1,6 +1,6 @@
 """Typed model answers in ORIGINAL-image pixels, and the coordinate frames adapters convert through.
 
-Contract (DESIGN.md §3 Answers): boxes ``[{"bbox_2d": [x1, y1, x2, y2], "label": ...}]``, points
+Contract: boxes ``[{"bbox_2d": [x1, y1, x2, y2], "label": ...}]``, points
 ``[{"point_2d": [x, y]}]``, trajectory ``[[x, y], ...]`` (>= 2 points), contact action
 ``{"point_2d": [x, y], "up": [ux, uy, uz], "forward": [fx, fy, fz]}``. Parsing never raises: it returns a
 typed answer or a :class:`ParseError` value carrying a short machine-readable reason.
@@ -119,7 +119,7 @@ class CoordinateFrame:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Parsing and formatting (DESIGN.md §3 Answers). Parsing never raises on any string.
+# Parsing and formatting. Parsing never raises on any string.
 
 #: Caps so that a huge or adversarial answer cannot blow up memory or time.
 MAX_BOXES = 100

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from vlm_grpoma import __version__
 from vlm_grpoma.config import load_config, validate
+from vlm_grpoma.datasets.converters.registry import FORMATS
 from vlm_grpoma.datasets.schema import TASKS
 from vlm_grpoma.errors import UserError
 from vlm_grpoma.models.families import ARCHS
@@ -82,9 +83,10 @@ def _make_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="train")
     p.add_argument(
         "--difficulty",
-        choices=("easy", "normal"),
+        choices=("easy", "normal", "relational"),
         default="normal",
-        help="shapes only: easy = 112px, one or two shapes (the CPU demo's level)",
+        help="shapes only: easy = 112px, one or two shapes (the CPU demo's level); relational = 112px, 3-6 "
+        "shapes, a prompt that needs all of them and a reference thought that decides (detection)",
     )
 
 
@@ -93,12 +95,13 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
         "--from",
         dest="source_format",
         required=True,
-        choices=("coco", "refcoco", "sharerobot", "robopoint", "where2place"),
+        choices=tuple(FORMATS),
+        help="; ".join(f"{name}: {fmt.reads}" for name, fmt in FORMATS.items()),
     )
-    p.add_argument("input")
-    p.add_argument("output")
+    p.add_argument("input", help="the dataset file or folder in that format")
+    p.add_argument("output", help="records file (*.jsonl) or a folder that receives records.jsonl")
     p.add_argument(
-        "--image-root", default=None, help="folder holding the images (coco, refcoco, sharerobot, robopoint)"
+        "--image-root", default=None, help="folder holding the images (default: where the format keeps them)"
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -96,7 +97,7 @@ class RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """GRPO-MA advantages and the clipped policy objective (DESIGN.md §3 Algorithm)."""
+    """GRPO-MA advantages and the clipped policy objective (see ``vlm_grpoma/algorithm``)."""
 
     advantage_scale: Literal["std", "none"] = "std"
     advantage_eps: float = 1e-4
@@ -144,6 +145,9 @@ class TrainConfig:
     #: steps and after the last step (0: never)
     eval_every: int = 0
     eval_batch_prompts: int = 16
+    #: stop once the training steps (rollout, rewards, update; not evaluation or checkpoints) have taken this
+    #: many seconds in all (0: no budget; ``train.steps`` stays the upper bound). Compares arms at equal time.
+    time_budget_s: float = 0.0
 
 
 @dataclass
@@ -411,6 +415,11 @@ def validate(config: Config, world_size: int | None = None) -> None:
     )
     _require(
         t.eval_batch_prompts >= 1, "train.eval_batch_prompts", f"must be >= 1, got {t.eval_batch_prompts}"
+    )
+    _require(
+        math.isfinite(t.time_budget_s) and t.time_budget_s >= 0,
+        "train.time_budget_s",
+        f"must be a finite number of seconds >= 0 (0: no budget), got {t.time_budget_s}",
     )
     _require(
         t.eval_every == 0 or bool(config.data.eval_sets),

@@ -1,7 +1,7 @@
 """``vlm-grpoma demo``: SFT warm start, then GRPO-MA (T4A4), on CPU, offline, in under 10 minutes.
 
 Builds a tiny Qwen2.5-VL and a synthetic shapes detection set, evaluates the untrained model, runs the SFT warm
-start and GRPO-MA with the real DeepSpeed trainer (``configs/demo.yaml``), evaluates after each stage, and
+start and GRPO-MA with the real DeepSpeed trainer (``vlm_grpoma/configs/demo.yaml``), evaluates after each stage, and
 ends with a summary table and a PNG of the reward curve.
 """
 
@@ -11,6 +11,7 @@ import argparse
 import shutil
 import time
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -24,7 +25,7 @@ from vlm_grpoma.models.tiny import build_tiny_model
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
 from vlm_grpoma.trainer.sft import SFTTrainer
 
-DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+DEMO_CONFIG = Path(str(resources.files("vlm_grpoma") / "configs" / "demo.yaml"))
 
 
 @dataclass(frozen=True)

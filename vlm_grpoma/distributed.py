@@ -37,15 +37,15 @@ def free_port() -> int:
 
 
 def import_deepspeed() -> Any:
-    """Import DeepSpeed: CPU accelerator without CUDA, JIT-built ops cached under ``$VLM_GRPOMA_CACHE``."""
+    """Import DeepSpeed: CPU accelerator without CUDA, JIT-built ops in the suite's cache (a user's
+    ``TORCH_EXTENSIONS_DIR`` wins; a shared default lock can stall a build until a timeout)."""
     import torch
+
+    from vlm_grpoma.cache import cache_dir
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    if os.environ.get("VLM_GRPOMA_CACHE"):
-        os.environ.setdefault(
-            "TORCH_EXTENSIONS_DIR", os.path.join(os.environ["VLM_GRPOMA_CACHE"], "torch_extensions")
-        )
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
     import deepspeed
 
     return deepspeed

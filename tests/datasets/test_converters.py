@@ -15,7 +15,7 @@ from vlm_grpoma.cli import main as cli_main
 from vlm_grpoma.datasets.converters import convert
 from vlm_grpoma.datasets.converters.coco import plural
 from vlm_grpoma.datasets.converters.common import ConvertError
-from vlm_grpoma.datasets.converters.points import parse_point_answer
+from vlm_grpoma.datasets.converters.robopoint import parse_point_answer
 from vlm_grpoma.datasets.images import load_image, load_mask
 from vlm_grpoma.datasets.jsonl import read_records
 from vlm_grpoma.datasets.schema import MaskRef

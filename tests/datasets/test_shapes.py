@@ -243,3 +243,13 @@ def test_size_words_match_drawn_sizes(datasets):
             sides[o["size"]].append(max(x2 - x1, y2 - y1))
     assert len(sides["small"]) > 20 and len(sides["large"]) > 20
     assert max(sides["small"]) < min(sides["large"])
+
+
+def test_make_data_offers_exactly_the_shape_presets():
+    from vlm_grpoma.cli import build_parser
+    from vlm_grpoma.datasets.synthetic.shapes import PRESETS
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices["make-data"]
+    difficulty = next(a for a in sub._actions if a.dest == "difficulty")
+    assert set(difficulty.choices) == set(PRESETS)

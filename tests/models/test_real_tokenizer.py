@@ -130,7 +130,7 @@ def test_rollout_stops_on_merged_tag_tokens(adapter, tokenizer, record):
     assert isinstance(adapter.parse_answer(tree.completions()[0][0][0], record), Boxes)
     # Evaluation and the trainer's reward parsing read the same split tag correctly (they parse thought + answer).
     from vlm_grpoma.eval.grounding import generate_predictions
-    from vlm_grpoma.rewards.base import build_rewards
+    from vlm_grpoma.rewards.registry import build_rewards
     from vlm_grpoma.trainer.scoring import score_tree
 
     calls["n"] = 0

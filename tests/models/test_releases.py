@@ -17,7 +17,7 @@ from vlm_grpoma.models.prompts import task_instruction
 from vlm_grpoma.models.qwen import QwenVLAdapter, generation_prompt
 from vlm_grpoma.models.qwen_vocab import wheel_path
 from vlm_grpoma.rewards import Completion
-from vlm_grpoma.rewards.base import build_rewards
+from vlm_grpoma.rewards.registry import build_rewards
 from vlm_grpoma.trainer.sft import target_text
 
 NAMES = [r.name for r in RELEASES]

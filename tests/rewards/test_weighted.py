@@ -5,7 +5,7 @@ import pytest
 from vlm_grpoma.answers import Box, Boxes, ParseError
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.rewards import Completion, build_reward
-from vlm_grpoma.rewards.base import build_rewards
+from vlm_grpoma.rewards.registry import build_rewards
 
 RECORD = Record(
     id="r0",

@@ -9,31 +9,30 @@ import pytest
 import torch
 
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
-from vlm_grpoma.rewards.base import RewardResult, register_reward
+from vlm_grpoma.rewards.base import RewardResult
+from vlm_grpoma.rewards.registry import register_reward
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
 from vlm_grpoma.trainer.logprobs import path_log_probs
 from vlm_grpoma.trainer.scoring import score_tree
 
 
-@register_reward("test_answer_length")
 class AnswerLength:
     """Longer answers score more: a reward a random tiny model's samples actually vary on."""
-
-    name = "test_answer_length"
 
     def score(self, completions, records):
         total = [min(len(c.answer_text), 40) / 40 for c in completions]
         return RewardResult(total, {"chars": [float(len(c.answer_text)) for c in completions]})
 
 
-@register_reward("test_poisoned")
 class Poisoned:
     """Returns NaN for one answer: the step must be skipped, not applied."""
 
-    name = "test_poisoned"
-
     def score(self, completions, records):
         return RewardResult([math.nan] + [0.5] * (len(completions) - 1))
+
+
+register_reward("test_answer_length", AnswerLength)
+register_reward("test_poisoned", Poisoned)
 
 
 @pytest.fixture(scope="module")

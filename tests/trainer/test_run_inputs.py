@@ -7,7 +7,7 @@ import pytest
 from vlm_grpoma.datasets.jsonl import read_records, write_records
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 from vlm_grpoma.errors import CommandError
-from vlm_grpoma.rewards.base import build_rewards
+from vlm_grpoma.rewards.registry import build_rewards
 from vlm_grpoma.trainer.base import training_records
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
 from vlm_grpoma.trainer.sft import SFTTrainer

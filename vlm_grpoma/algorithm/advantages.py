@@ -1,4 +1,4 @@
-"""GRPO-MA advantages from a ``[B, K, M]`` reward tensor (DESIGN.md §3 Algorithm).
+"""GRPO-MA advantages from a ``[B, K, M]`` reward tensor.
 
 Thought value ``V[b,k] = mean_m R[b,k,m]``; the thought advantage normalises V over the K thoughts of a prompt,
 the answer advantage normalises R over all K·M rewards of the prompt. With M = 1 both equal GRPO's

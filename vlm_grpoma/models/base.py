@@ -53,7 +53,7 @@ class SpecialTokens:
 
 
 class ModelAdapter(Protocol):
-    """What every model family provides (DESIGN.md §2: build inputs, parse answers, frames)."""
+    """What every model family provides: build inputs, parse and format answers, coordinate frames."""
 
     model_type: str
     processor: Any

@@ -58,18 +58,21 @@ class ThoughtFormat:
         :data:`THINK_CLOSE` in both cases."""
         return "\n" + THINK_CLOSE if self.opened else THINK_CLOSE
 
+    def thought(self, thought: str) -> str:
+        """The model's text for a whole thought, up to and including its closing tag."""
+        return f"{thought}{self.close}" if self.opened else f"{THINK_OPEN}{thought}{THINK_CLOSE}"
+
     def completion(self, thought: str, answer: str) -> str:
         """Exactly the text the model should write for ``thought`` and the answer JSON (SFT targets)."""
-        if self.opened:
-            return f"{thought}{self.close}\n\n{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
-        return f"{THINK_OPEN}{thought}{THINK_CLOSE}{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
+        between = "\n\n" if self.opened else ""
+        return f"{self.thought(thought)}{between}{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
 
     def full_text(self, completion: str) -> str:
         """The completion with the ``<think>`` the prompt wrote, so both kinds are checked by one rule."""
         return THINK_OPEN + completion if self.opened else completion
 
 
-#: The JSON shape the model must write, per answer kind (DESIGN.md §3 Answers).
+#: The JSON shape the model must write, per answer kind (parsed by ``vlm_grpoma.answers``).
 ANSWER_FORMATS: dict[str, str] = {
     "boxes": 'a list of boxes [{"bbox_2d": [x1, y1, x2, y2], "label": "name"}] '
     "with (x1, y1) the top-left and (x2, y2) the bottom-right corner, one box per matching object",

@@ -15,16 +15,11 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from vlm_grpoma.cache import cache_dir
 from vlm_grpoma.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS
 
 WHEEL_NAME = "dashscope-2.0.2-py3-none-any.whl"
 TIKTOKEN_MEMBER = "dashscope/resources/qwen.tiktoken"
-
-
-def cache_dir() -> Path:
-    """``$VLM_GRPOMA_CACHE`` (set by the Makefile), else ``<repo>/.cache``."""
-    env = os.environ.get("VLM_GRPOMA_CACHE")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / ".cache"
 
 
 def wheel_path() -> Path:

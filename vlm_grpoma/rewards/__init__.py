@@ -1,17 +1,15 @@
-"""Reward functions: protocol and registry in base.py, one module per reward.
+"""Reward functions: the protocol in base.py, names and the weighted combination in registry.py, one module
+per built-in reward (``format``, ``iou`` in detection.py, ``affordance``, ``trajectory``, ``manipulation``)."""
 
-Importing this package registers the grounding rewards (``format``, ``iou``, ``affordance``,
-``trajectory``) so that :func:`build_reward` finds them by name.
-"""
+from vlm_grpoma.rewards.base import Completion, Reward, RewardResult
+from vlm_grpoma.rewards.registry import build_reward, build_rewards, register_reward, registered_rewards
 
-from vlm_grpoma.rewards import affordance, detection, format, trajectory  # noqa: F401  (registration)
-from vlm_grpoma.rewards.base import (
-    Completion,
-    Reward,
-    RewardResult,
-    build_reward,
-    register_reward,
-    registered_rewards,
-)
-
-__all__ = ["Completion", "Reward", "RewardResult", "build_reward", "register_reward", "registered_rewards"]
+__all__ = [
+    "Completion",
+    "Reward",
+    "RewardResult",
+    "build_reward",
+    "build_rewards",
+    "register_reward",
+    "registered_rewards",
+]

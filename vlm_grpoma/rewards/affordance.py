@@ -23,9 +23,9 @@ import numpy as np
 from PIL import Image
 from scipy.ndimage import distance_transform_edt
 
-from vlm_grpoma.answers import Boxes, Points, answers_of_kind
+from vlm_grpoma.answers import Boxes, Points
 from vlm_grpoma.datasets.schema import MaskRef, Record
-from vlm_grpoma.rewards.base import Completion, RewardResult, register_reward
+from vlm_grpoma.rewards.base import Completion, RewardResult, valid_answers
 from vlm_grpoma.rewards.detection import boxes_array
 
 
@@ -119,11 +119,8 @@ class MaskCache:
         return len(self._masks)
 
 
-@register_reward("affordance")
 class AffordanceReward:
     """Point answers against a mask, boxes or points; see the module docstring. Range [0, 1]."""
-
-    name = "affordance"
 
     def __init__(
         self,
@@ -166,10 +163,8 @@ class AffordanceReward:
         return (distance if isinstance(gt, Points) else in_region), in_region, distance
 
     def score(self, completions: Sequence[Completion], records: Sequence[Record]) -> RewardResult:
-        if len(records) != len(completions):
-            raise ValueError(f"affordance reward: {len(completions)} completions but {len(records)} records")
         n = len(completions)
-        indices, answers, failures = answers_of_kind([c.answer for c in completions], "points")
+        indices, answers, failures = valid_answers("affordance", completions, records, "points")
         out = np.zeros((3, n))
         for i, answer in zip(indices, answers):
             out[:, i] = self._score_one(np.asarray(answer.points, dtype=np.float64), records[i])

@@ -1,16 +1,16 @@
-"""Reward protocol and registry (DESIGN.md §3 Rewards).
+"""What a reward is: it scores a batch of sampled answers against their records.
 
-A reward scores a batch of (typed answer or ParseError, record) pairs and returns per-answer totals plus
-named components that the trainer logs separately. Malformed answers score 0, never raise.
+A reward scores (typed answer or ParseError, record) pairs and returns per-answer totals plus named
+components that the trainer logs separately. Malformed answers score 0 and are counted, never raise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-from vlm_grpoma.answers import Answer, ParseError
+from vlm_grpoma.answers import Answer, AnswerKind, ParseError, answers_of_kind
 from vlm_grpoma.datasets.schema import Record
 
 
@@ -36,92 +36,29 @@ class Completion:
 
 
 class Reward(Protocol):
-    name: str
+    """``score(completions, records)``: one completion per record, in the same order."""
 
     def score(self, completions: Sequence[Completion], records: Sequence[Record]) -> RewardResult: ...
 
 
-_REGISTRY: dict[str, Callable[..., Reward]] = {}
+def check_batch(reward: str, completions: Sequence[Completion], records: Sequence[Record]) -> None:
+    """Every reward's precondition: one record per completion."""
+    if len(completions) != len(records):
+        raise ValueError(f"{reward} reward: {len(completions)} completions but {len(records)} records")
 
 
-def register_reward(name: str) -> Callable[[Callable[..., Reward]], Callable[..., Reward]]:
-    """Class/factory decorator: make a reward constructible by name from the config."""
+class ValidAnswers(NamedTuple):
+    """The answers of a batch a reward can score: their positions, the answers, and why the others fail."""
 
-    def decorate(factory: Callable[..., Reward]) -> Callable[..., Reward]:
-        if name in _REGISTRY:
-            raise ValueError(f"reward {name!r} registered twice")
-        _REGISTRY[name] = factory
-        return factory
-
-    return decorate
+    indices: list[int]
+    answers: list[Answer]
+    failures: dict[str, int]
 
 
-def build_reward(name: str, **options) -> Reward:
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown reward {name!r}; registered: {', '.join(sorted(_REGISTRY)) or 'none'}")
-    return _REGISTRY[name](**options)
-
-
-def registered_rewards() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def _ensure_registered(name: str) -> None:
-    """Rewards outside the grounding set (e.g. ``manipulation``, which needs SAPIEN) register on import."""
-    if name not in _REGISTRY:
-        import importlib
-
-        try:
-            importlib.import_module(f"vlm_grpoma.rewards.{name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"vlm_grpoma.rewards.{name}":
-                raise
-
-
-@dataclass
-class WeightedRewards:
-    """The configured rewards combined: ``total = Σ weight · reward.total``.
-
-    Components are reported per reward (``"iou"``) and per reward component (``"iou/matched"``); failure
-    counts are prefixed by the reward name.
-    """
-
-    rewards: dict[str, tuple[float, Reward]]
-
-    def score(self, completions: Sequence[Completion], records: Sequence[Record]) -> RewardResult:
-        total = [0.0] * len(completions)
-        components: dict[str, list[float]] = {}
-        failures: dict[str, int] = {}
-        for name, (weight, reward) in self.rewards.items():
-            result = reward.score(completions, records)
-            total = [t + weight * r for t, r in zip(total, result.total)]
-            components[name] = list(result.total)
-            components.update({f"{name}/{key}": values for key, values in result.components.items()})
-            failures.update({f"{name}/{key}": count for key, count in result.failures.items()})
-        return RewardResult(total, components, failures)
-
-    def close(self) -> None:
-        """Release what rewards hold (e.g. the SAPIEN worker pool of ``manipulation``)."""
-        for _, reward in self.rewards.values():
-            if hasattr(reward, "close"):
-                reward.close()
-
-
-def build_rewards(weights: dict[str, float], options: dict[str, dict] | None = None) -> WeightedRewards:
-    """Build every reward named in ``weights`` (with optional constructor options per name).
-
-    An unknown name or a bad option raises ``ValueError`` naming the config key."""
-    built = {}
-    for name, weight in weights.items():
-        _ensure_registered(name)
-        kwargs = (options or {}).get(name, {})
-        try:
-            built[name] = (weight, build_reward(name, **kwargs))
-        except KeyError as err:
-            raise ValueError(
-                f"rewards.weights.{name}: {err.args[0]} (others register when their module "
-                f"vlm_grpoma.rewards.<name> is imported, e.g. manipulation)"
-            ) from None
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"rewards.options.{name}: {err}") from None
-    return WeightedRewards(built)
+def valid_answers(
+    reward: str, completions: Sequence[Completion], records: Sequence[Record], kind: AnswerKind
+) -> ValidAnswers:
+    """:func:`check_batch`, then the answers of ``kind`` (parse failures, ``wrong_kind`` and
+    ``coordinate_range`` counted) — what every answer-kind reward scores."""
+    check_batch(reward, completions, records)
+    return ValidAnswers(*answers_of_kind([c.answer for c in completions], kind))

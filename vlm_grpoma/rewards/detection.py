@@ -18,9 +18,9 @@ from typing import Literal, NamedTuple
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from vlm_grpoma.answers import Boxes, answers_of_kind
+from vlm_grpoma.answers import Boxes
 from vlm_grpoma.datasets.schema import Record
-from vlm_grpoma.rewards.base import Completion, RewardResult, register_reward
+from vlm_grpoma.rewards.base import Completion, RewardResult, valid_answers
 
 Mode = Literal["iou", "giou"]
 
@@ -117,15 +117,12 @@ def boxes_array(boxes: Boxes) -> np.ndarray:
     return np.array([(b.x1, b.y1, b.x2, b.y2) for b in boxes.boxes], dtype=np.float64).reshape(-1, 4)
 
 
-@register_reward("iou")
 class IoUReward:
     """Matched IoU/GIoU of predicted boxes against the record's boxes, in [0, 1].
 
     Components: ``matched`` (mean score of matched pairs: localisation quality) and ``count`` (
     min(#pred, #gt) / max(#pred, #gt), 1 when both are empty: counting quality).
     """
-
-    name = "iou"
 
     def __init__(self, mode: Mode = "iou", threshold: float = 0.0) -> None:
         if mode not in ("iou", "giou"):
@@ -136,7 +133,7 @@ class IoUReward:
 
     def score(self, completions: Sequence[Completion], records: Sequence[Record]) -> RewardResult:
         n = len(completions)
-        indices, answers, failures = answers_of_kind([c.answer for c in completions], "boxes")
+        indices, answers, failures = valid_answers("iou", completions, records, "boxes")
         gts = []
         for i in indices:
             gt = records[i].ground_truth

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from vlm_grpoma.answers import ANSWER_KINDS, ParseError
 from vlm_grpoma.datasets.schema import ANSWER_KIND_OF_TASK, Record
 from vlm_grpoma.models.prompts import ThoughtFormat
-from vlm_grpoma.rewards.base import Completion, RewardResult, register_reward
+from vlm_grpoma.rewards.base import Completion, RewardResult, check_batch
 
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 #: Exactly one of each tag, in order, with only whitespace outside them.
@@ -26,18 +26,14 @@ def has_structure(text: str) -> bool:
     return all(text.count(t) == 1 for t in _TAGS) and _STRUCTURE.fullmatch(text) is not None
 
 
-@register_reward("format")
 class FormatReward:
     """1 when the structure is right AND the answer is a valid answer of the task's kind, else 0.
 
     Components: ``structure`` (tags alone) and ``parseable`` (typed answer of the right kind).
     """
 
-    name = "format"
-
     def score(self, completions: Sequence[Completion], records: Sequence[Record]) -> RewardResult:
-        if len(records) != len(completions):
-            raise ValueError(f"format reward: {len(completions)} completions but {len(records)} records")
+        check_batch("format", completions, records)
         structure, parseable, total = [], [], []
         failures: Counter[str] = Counter()
         for c, record in zip(completions, records):

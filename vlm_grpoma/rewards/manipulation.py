@@ -16,20 +16,16 @@ import weakref
 from collections import Counter
 from collections.abc import Sequence
 
-from vlm_grpoma.answers import ContactAction, ParseError
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.envs.sapien.pool import HARD_DEADLINE_SLACK_S, SimPool
 from vlm_grpoma.envs.sapien.task import EpisodeSpec, ExecConfig, Outcome
-from vlm_grpoma.rewards.base import Completion, RewardResult, register_reward
+from vlm_grpoma.rewards.base import Completion, RewardResult, valid_answers
 
 COMPONENTS = ("success", "joint_progress", "direction", "executed")
 
 
-@register_reward("manipulation")
 class ManipulationReward:
     """``ManipulationReward(workers=0, timeout_s=10.0, max_steps=400)``; workers 0 = this rank's share of cores."""
-
-    name = "manipulation"
 
     def __init__(self, workers: int = 0, timeout_s: float = 10.0, max_steps: int = 400):
         self.workers = workers
@@ -44,24 +40,15 @@ class ManipulationReward:
         return self._pool
 
     def score(self, completions: Sequence[Completion], records: Sequence[Record]) -> RewardResult:
-        if len(completions) != len(records):
-            raise ValueError(f"{len(completions)} completions but {len(records)} records")
-        failures: Counter[str] = Counter()
-        jobs, slots = [], []
-        for i, (completion, record) in enumerate(zip(completions, records)):
-            answer = completion.answer
-            if isinstance(answer, ParseError):
-                failures[answer.reason] += 1
-                continue
-            if not isinstance(answer, ContactAction):
-                failures["wrong_answer_type"] += 1
-                continue
+        slots, answers, parse_failures = valid_answers("manipulation", completions, records, "contact_action")
+        failures: Counter[str] = Counter(parse_failures)
+        jobs = []
+        for i, answer in zip(slots, answers):
             try:
-                spec = EpisodeSpec.from_meta(record.meta)
+                spec = EpisodeSpec.from_meta(records[i].meta)
             except ValueError as err:
-                raise ValueError(f"record {record.id!r}: {err}") from err
+                raise ValueError(f"record {records[i].id!r}: {err}") from err
             jobs.append((spec, answer))
-            slots.append(i)
         outcomes = self.pool.execute(jobs, self.config) if jobs else []
         columns = {name: [0.0] * len(completions) for name in COMPONENTS}
         for i, outcome in zip(slots, outcomes):

@@ -17,9 +17,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from vlm_grpoma.answers import Trajectory, answers_of_kind
+from vlm_grpoma.answers import Trajectory
 from vlm_grpoma.datasets.schema import Record
-from vlm_grpoma.rewards.base import Completion, RewardResult, register_reward
+from vlm_grpoma.rewards.base import Completion, RewardResult, valid_answers
 
 METRICS = ("frechet", "hausdorff", "rmse")
 FAILED_DISTANCE = float(np.sqrt(2.0))
@@ -133,11 +133,8 @@ def resample_normalised(
     return out
 
 
-@register_reward("trajectory")
 class TrajectoryReward:
     """Shaped Fréchet / Hausdorff / RMSE of the predicted against the ground-truth trajectory; in [0, 1]."""
-
-    name = "trajectory"
 
     def __init__(
         self,
@@ -159,10 +156,8 @@ class TrajectoryReward:
         self.num_points, self.max_distance = num_points, max_distance
 
     def score(self, completions: Sequence[Completion], records: Sequence[Record]) -> RewardResult:
-        if len(records) != len(completions):
-            raise ValueError(f"trajectory reward: {len(completions)} completions but {len(records)} records")
         n = len(completions)
-        indices, answers, failures = answers_of_kind([c.answer for c in completions], "trajectory")
+        indices, answers, failures = valid_answers("trajectory", completions, records, "trajectory")
         for i in indices:
             gt = records[i].ground_truth
             if not isinstance(gt, Trajectory) or len(gt.points) < 2:

@@ -24,7 +24,7 @@ from vlm_grpoma.trainer.checkpoint import (
 )
 from vlm_grpoma.trainer.data import PromptSampler
 from vlm_grpoma.trainer.engine import TrainingEngine, build_engine
-from vlm_grpoma.trainer.logging import MetricsLogger
+from vlm_grpoma.trainer.logging import MetricsLogger, reduce_metrics
 
 
 def _checked(action):
@@ -72,11 +72,13 @@ class Trainer:
         )
         self.gss = GradientSpikeTracker()
         self.step = 0
+        self.trained_seconds = 0.0  # time spent in training steps so far (train.time_budget_s counts it)
         if resume is not None:
             state = _checked(lambda: load_checkpoint(self.engine, resume))
             self.step = state.step
             _checked(lambda: self.sampler.load_state_dict(state.data))
             self.gss.load_state_dict(state.metrics["gss"])
+            self.trained_seconds = float(state.metrics.get("trained_seconds", 0.0))
         self.logger = MetricsLogger(
             config.logging,
             total_steps=config.train.steps,
@@ -103,16 +105,24 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         raise NotImplementedError
 
-    def evaluation(self) -> dict[str, float]:
-        """Held-out metrics due at the current step ({} when none are); see :class:`~vlm_grpoma.trainer.grpo_ma.GRPOMATrainer`."""
+    def evaluation(self, final: bool = False) -> dict[str, float]:
+        """Held-out metrics due at the current step ({} when none are; ``final``: the run stops after this step);
+        see :class:`~vlm_grpoma.trainer.grpo_ma.GRPOMATrainer`."""
         return {}
+
+    def budget_spent(self) -> bool:
+        """``train.time_budget_s`` is used up (decided alike on every rank: the slowest rank's time counts)."""
+        budget = self.config.train.time_budget_s
+        return bool(budget) and reduce_metrics({"s": self.trained_seconds}, "max")["s"] >= budget
 
     def save(self) -> Path:
         return save_checkpoint(
             self.engine,
             self.config.logging.output_dir,
             TrainerState(
-                step=self.step, data=self.sampler.state_dict(), metrics={"gss": self.gss.state_dict()}
+                step=self.step,
+                data=self.sampler.state_dict(),
+                metrics={"gss": self.gss.state_dict(), "trained_seconds": self.trained_seconds},
             ),
             processor=self.adapter.processor,
             keep_last=self.config.checkpoint.keep_last,
@@ -125,18 +135,23 @@ class Trainer:
         return checkpoint_root(self.config.logging.output_dir) / checkpoint_name(self.step) / "model"
 
     def train(self) -> list[dict[str, float]]:
-        """Train until ``train.steps``; checkpoint every ``checkpoint.save_every`` steps and at the end."""
+        """Train until ``train.steps`` (or ``train.time_budget_s``); checkpoint every ``checkpoint.save_every``
+        steps and at the end."""
         history = []
         try:
             if self.step == 0 and (before := self.evaluation()):
                 self.logger.log(0, before)  # step 0: the starting model's held-out metrics only
-            while self.step < self.config.train.steps:
+            final = self.step >= self.config.train.steps
+            while not final:
                 metrics = self.train_step()
-                metrics.update(self.evaluation())
+                self.trained_seconds += metrics["time/step_s"]
+                final = self.step >= self.config.train.steps or self.budget_spent()
+                metrics["time/trained_s"] = self.trained_seconds
+                metrics.update(self.evaluation(final))
                 self.logger.log(self.step, metrics)
                 history.append(metrics)
                 every = self.config.checkpoint.save_every
-                if every and self.step % every == 0 and self.step < self.config.train.steps:
+                if every and self.step % every == 0 and not final:
                     self.save()
             self.save()
         finally:

@@ -1,4 +1,4 @@
-"""The GRPO-MA training loop, one step as in DESIGN.md §2.
+"""The GRPO-MA trainer: one training step, as in the data flow of ``docs/architecture.md``.
 
 records → rollout tree (policy in eval mode, no grad) → rewards → advantages → μ policy epochs over
 micro-batches of prompts (thought and answer segments) → optimizer step → metrics. Prompts are sharded across
@@ -27,7 +27,7 @@ from vlm_grpoma.algorithm import (
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import CommandError
-from vlm_grpoma.rewards.base import build_rewards
+from vlm_grpoma.rewards.registry import build_rewards
 from vlm_grpoma.rollout.backends import build_rollout_engine, logprob_mismatch, sync_weights
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.tree import RolloutTree
@@ -67,10 +67,10 @@ class GRPOMATrainer(Trainer):
         super().__init__(config, model=model)
         self.rollout = build_rollout_engine(config, self.engine, self.adapter, dist=self.dist)
 
-    def evaluation(self) -> dict[str, float]:
+    def evaluation(self, final: bool = False) -> dict[str, float]:
         """Held-out metrics when ``train.eval_every`` says so (before step 1, every N steps, after the last)."""
-        every, steps = self.config.train.eval_every, self.config.train.steps
-        if not every or (self.step % every and self.step != steps):
+        every = self.config.train.eval_every
+        if not every or (self.step % every and not final):
             return {}
         start = time.perf_counter()
         metrics = evaluate_sets(

@@ -10,16 +10,9 @@ itself (causally); mRoPE positions come from the model's ``get_rope_index`` for 
 naive pass see. Each kept column's log-sum-exp is computed once, and a column may predict several targets
 (the last prompt token predicts every thought's first token, a thought's last token every answer's first).
 
-Why a packed row rather than design (a), a forward over the prompt whose KV cache (with grad) is expanded
-to K thoughts, continued, expanded to M answers and continued (prototyped, also exact to 1e-6 and equal in
-gradients): (1) under gradient checkpointing transformers drops the cache in every checkpointed layer
-(``cache=None``), so (a) silently scores answers without their prefix (measured: 0.28 nats off), while the
-packed row needs no cache; (2) memory: (a) repeats the prompt's keys/values K·M times in the graph, peak RSS
-growth measured 229 vs 422 MiB (T4A4) and 433 vs 686 MiB (T16A1) on the bench model with 256 image tokens;
-(3) time is within CPU noise of (a) there (T4A4 2.3 vs 2.7 s, T16A1 4.8 vs 4.8 s in one run; 2.1 vs 1.9 s
-in another). The cost: the mask is dense ([b, 1, L, L]), so attention is quadratic in the packed length
-and large K with short prompts favours (a) (tiny model T16A1: 0.62 vs 0.34 s). Eager and SDPA take the
-4-D mask; FlashAttention does not, and is refused.
+Why a packed row rather than a prompt KV cache expanded with grad (exact too, but wrong under gradient
+checkpointing and heavier in memory): ``docs/architecture.md``, Decisions. Eager and SDPA take the 4-D mask;
+FlashAttention does not, and is refused.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``vlm-grpoma sft``: supervised warm start on ground-truth answers (the paper's SFT baseline, the demo's start).
 
-Each record's target is a short templated thought naming where the target is (in the model's coordinate
-frame), then the ground truth written as this family's answer JSON::
+Each record's target is its reference thought (``meta["thought"]`` when the data has one, e.g. relational
+shapes) or a short templated thought naming where the target is (in the model's coordinate frame), then the
+ground truth written as this family's answer JSON::
 
     <think>The target is near (412, 230).</think><answer>[{"bbox_2d": [380, 200, 444, 260], ...}]</answer>
 
@@ -54,14 +55,22 @@ def _anchor(answer: Answer) -> tuple[float, float]:
     raise TypeError(f"not an answer: {answer!r}")
 
 
-def target_text(adapter, record: Record) -> str:
-    """Templated thought + ground-truth answer in the adapter's frame, written exactly as the model would write
-    it: without ``<think>`` when the prompt already opened the thought."""
-    answer = reference_answer(record)
+def reference_thought(adapter, record: Record, answer: Answer) -> str:
+    """The record's own reference thought (``meta["thought"]``, e.g. relational shapes), else a templated one
+    naming where the answer is in the adapter's frame."""
+    if isinstance(record.meta.get("thought"), str) and record.meta["thought"]:
+        return record.meta["thought"]
     frame = adapter.frame(record)
     x, y = _anchor(answer)
     mx, my = x * frame.model_width / frame.width, y * frame.model_height / frame.height
-    thought = f"The target is near ({round(mx)}, {round(my)})."
+    return f"The target is near ({round(mx)}, {round(my)})."
+
+
+def target_text(adapter, record: Record) -> str:
+    """Reference thought + ground-truth answer in the adapter's frame, written exactly as the model would write
+    it: without ``<think>`` when the prompt already opened the thought."""
+    answer = reference_answer(record)
+    thought = reference_thought(adapter, record, answer)
     return adapter.thought.completion(thought, adapter.format_answer(answer, record))
 
 

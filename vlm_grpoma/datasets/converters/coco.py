@@ -15,7 +15,9 @@ from pathlib import Path
 
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.datasets.converters.common import (
+    Converted,
     ConvertError,
+    ConvertInputs,
     find_image_root,
     load_json,
     require,
@@ -118,8 +120,9 @@ def image_roots(json_path: Path, split_dir: str) -> list[Path]:
     ]
 
 
-def convert_coco(json_path: Path, image_root: Path | None = None) -> tuple[list[Record], dict[str, int]]:
+def convert_coco(inputs: ConvertInputs) -> Converted:
     """Detection records (one per image x category) and counts of what was left out."""
+    json_path, image_root = inputs.source, inputs.image_root
     index = index_instances(json_path)
     groups: dict[tuple[int, int], list[dict]] = defaultdict(list)
     counts = {"crowd": 0, "empty_box": 0}
@@ -164,4 +167,4 @@ def convert_coco(json_path: Path, image_root: Path | None = None) -> tuple[list[
                 },
             )
         )
-    return records, counts
+    return Converted(records, counts)

@@ -6,10 +6,13 @@ import json
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vlm_grpoma.answers import XY
+from vlm_grpoma.datasets.images import ImageLoadError, image_size
+from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import DataError
 
 #: A coordinate this far (pixels) outside the image is clipped to the border; farther is an error.
@@ -19,6 +22,32 @@ _FORMAT_INSTRUCTION = re.compile(r"\s*Your answer should be formatted.*\Z", re.D
 
 class ConvertError(DataError):
     """Input that a converter cannot turn into records; the message names the file and entry."""
+
+
+@dataclass(frozen=True)
+class ConvertInputs:
+    """What every converter gets: the file or folder the user named, where its images are (None: the format's
+    default places next to it), and the output folder (for files a format derives, e.g. binary masks)."""
+
+    source: Path
+    image_root: Path | None
+    output_dir: Path
+
+
+@dataclass(frozen=True)
+class Converted:
+    """A converter's records and counts of what it used and left out (printed by ``vlm-grpoma convert``)."""
+
+    records: list[Record]
+    counts: dict[str, int]
+
+
+def checked_image_size(path: Path, where: str) -> tuple[int, int]:
+    """(width, height) from the image header; a missing or unreadable image is a ConvertError at ``where``."""
+    try:
+        return image_size(path)
+    except ImageLoadError as err:
+        raise ConvertError(f"{where}: {err}") from None
 
 
 def load_json(path: Path) -> Any:

@@ -18,7 +18,14 @@ from pathlib import Path
 
 from vlm_grpoma.answers import Boxes
 from vlm_grpoma.datasets.converters.coco import index_instances, xywh_to_box
-from vlm_grpoma.datasets.converters.common import ConvertError, find_image_root, load_json, require
+from vlm_grpoma.datasets.converters.common import (
+    Converted,
+    ConvertError,
+    ConvertInputs,
+    find_image_root,
+    load_json,
+    require,
+)
 from vlm_grpoma.datasets.schema import Record
 
 _REFS_NAMES = ("refs(unc).json", "refs(google).json", "refs(umd).json", "refs.json")
@@ -53,8 +60,9 @@ def _locate(path: Path) -> tuple[Path, Path]:
     return refs, instances
 
 
-def convert_refcoco(path: Path, image_root: Path | None = None) -> tuple[list[Record], dict[str, int]]:
+def convert_refcoco(inputs: ConvertInputs) -> Converted:
     """Detection records, one per sentence, and counts of what was read."""
+    path, image_root = inputs.source, inputs.image_root
     refs_path, instances_path = _locate(path)
     index = index_instances(instances_path)
     refs = load_json(refs_path)
@@ -115,4 +123,4 @@ def convert_refcoco(path: Path, image_root: Path | None = None) -> tuple[list[Re
                     },
                 )
             )
-    return records, counts
+    return Converted(records, counts)

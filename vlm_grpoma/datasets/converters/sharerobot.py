@@ -16,7 +16,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from vlm_grpoma.answers import Trajectory
-from vlm_grpoma.datasets.converters.common import ConvertError, load_json, parse_xy_list, require, to_pixels
+from vlm_grpoma.datasets.converters.common import (
+    Converted,
+    ConvertError,
+    ConvertInputs,
+    load_json,
+    parse_xy_list,
+    require,
+    to_pixels,
+)
 from vlm_grpoma.datasets.images import ImageLoadError, image_size
 from vlm_grpoma.datasets.schema import Record
 
@@ -47,10 +55,9 @@ def _size(entry: dict, path: Path, where: str) -> tuple[int, int]:
     return int(w), int(h)
 
 
-def convert_sharerobot(
-    json_path: Path, image_root: Path | None = None
-) -> tuple[list[Record], dict[str, int]]:
+def convert_sharerobot(inputs: ConvertInputs) -> Converted:
     """Trajectory records and counts (how many inputs were normalised)."""
+    json_path, image_root = inputs.source, inputs.image_root
     entries = load_json(json_path)
     if not isinstance(entries, list) or not entries:
         raise ConvertError(f"{json_path}: must be a non-empty JSON list of trajectory entries")
@@ -86,4 +93,4 @@ def convert_sharerobot(
                 meta=meta,
             )
         )
-    return records, counts
+    return Converted(records, counts)

@@ -8,7 +8,9 @@ colour. Same seed -> byte-identical images, masks and records.jsonl.
 
 - detection: "Find the large red triangle left of the blue circle." (a unique expression; the generator
   adds same-colour/same-kind distractors so size and spatial relations are often needed), or
-  "Find all the green shapes." with one box per member.
+  "Find all the green shapes." with one box per member. ``difficulty="relational"``: 3-6 shapes and a prompt
+  that needs all of them ("the largest red shape"), with a reference thought that enumerates the objects and
+  decides (:mod:`~vlm_grpoma.datasets.synthetic.relational`).
 - affordance: tools made of parts (a mug = body + handle, a pan = head + handle); "Point to the handle of
   the red mug."; ground truth is a mask PNG of that part.
 - trajectory: "Draw a path from the red circle to the blue square around the green triangle."; the
@@ -18,6 +20,7 @@ colour. Same seed -> byte-identical images, masks and records.jsonl.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,7 @@ from PIL import Image, ImageDraw
 from vlm_grpoma.answers import Box, Boxes, Trajectory
 from vlm_grpoma.datasets.jsonl import write_records
 from vlm_grpoma.datasets.schema import MaskRef, Record
+from vlm_grpoma.datasets.synthetic.relational import SceneObject, choose, thought_text
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30),
@@ -42,7 +46,7 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 SHAPES: tuple[str, ...] = ("square", "rectangle", "circle", "triangle", "diamond", "hexagon")
 TOOLS: dict[str, tuple[str, ...]] = {"mug": ("handle", "body"), "pan": ("handle", "head")}
 BACKGROUNDS: tuple[str, ...] = ("solid", "gradient", "noise")
-DIFFICULTIES: tuple[str, ...] = ("easy", "normal")
+DIFFICULTIES: tuple[str, ...] = ("easy", "normal", "relational")
 SHAPE_TASKS: tuple[str, ...] = ("detection", "affordance", "trajectory")
 RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below")
 _GAP = 3  # minimum empty pixels between two objects' boxes
@@ -107,7 +111,21 @@ EASY = ShapesConfig(
     backgrounds=("solid",),
     multi_fraction=0.0,
 )
-PRESETS: dict[str, ShapesConfig] = {"easy": EASY, "normal": ShapesConfig()}
+#: Relational detection (GRPO-MA's regime: a long thought that decides, a short answer): 112x112, 3-6 shapes
+#: of 3 colours and 3 kinds, unlabelled target box.
+RELATIONAL = ShapesConfig(
+    image_size=112,
+    min_distractors=2,
+    max_distractors=5,
+    min_shape_size=14,
+    max_shape_size=36,
+    difficulty="relational",
+    shapes=("square", "circle", "triangle"),
+    colours=("red", "green", "blue"),
+    backgrounds=("solid",),
+    multi_fraction=0.0,
+)
+PRESETS: dict[str, ShapesConfig] = {"easy": EASY, "normal": ShapesConfig(), "relational": RELATIONAL}
 
 
 # ---------------------------------------------------------------------------------------------- drawing
@@ -402,6 +420,27 @@ def _detection(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, list[_Obj], 
     return f"Find {expr}.", [target], {"expression": expr}
 
 
+def _relational(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, list[_Obj], dict] | None:
+    """3-6 shapes, one named by a relational expression, and the reference thought that finds it."""
+    for _ in range(int(rng.integers(cfg.min_distractors, cfg.max_distractors + 1)) + 1):
+        size_cls = _pick(rng, ("small", "large"))
+        scene.add_shape(
+            rng, _pick(rng, cfg.shapes), _pick(rng, cfg.colours), size_cls, _size(rng, cfg, size_cls)
+        )
+    if len(scene.objects) < 3:
+        return None
+    seen = [SceneObject(o.kind, o.colour, o.size, o.box, int(o.mask.sum())) for o in scene.objects]
+    choice = choose(rng, seen)
+    if choice is None:
+        return None
+    meta = {
+        "expression": choice.expression,
+        "thought": thought_text(seen, choice, cfg.image_size),
+        "choice": dataclasses.asdict(choice),
+    }
+    return f"Find {choice.expression}.", [scene.objects[choice.index]], meta
+
+
 def _affordance(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, _Obj, str, dict] | None:
     kind, colour = _pick(rng, tuple(TOOLS)), _pick(rng, cfg.colours)
     part = _pick(rng, TOOLS[kind])
@@ -523,12 +562,15 @@ def make_record(task: str, index: int, out_dir: Path, seed: int, split: str, cfg
         background = _pick(rng, cfg.backgrounds)
         meta: dict = {"source": "shapes", "difficulty": cfg.difficulty, "background": background}
         if task == "detection":
-            made = _detection(rng, cfg, scene)
+            made = (_relational if cfg.difficulty == "relational" else _detection)(rng, cfg, scene)
             if made is None:
                 continue
             prompt, targets, extra = made
             ordered = sorted(targets, key=lambda o: o.box)
-            gt = Boxes(tuple(Box(*o.box, label=o.name) for o in ordered))
+            labelled = (
+                cfg.difficulty != "relational"
+            )  # the relational thought names it; the answer stays short
+            gt = Boxes(tuple(Box(*o.box, label=o.name if labelled else "") for o in ordered))
             extra["targets"] = [scene.objects.index(o) for o in ordered]
         elif task == "affordance":
             made = _affordance(rng, cfg, scene)
@@ -591,6 +633,7 @@ __all__ = [
     "COLOURS",
     "EASY",
     "PRESETS",
+    "RELATIONAL",
     "SHAPES",
     "SHAPE_TASKS",
     "TOOLS",

@@ -1,7 +1,7 @@
 """Point SAPIEN's Vulkan loader at the project's Mesa lavapipe and report what works.
 
 ``scripts/fetch_mesa.sh`` (run by ``make setup``) unpacks Mesa >= 25 lavapipe into ``<cache>/mesa`` and
-writes ``lvp_icd.json``; the cache is ``$VLM_GRPOMA_CACHE`` or ``<repo>/.cache``. ``configure_icd`` exports
+writes ``lvp_icd.json`` (the cache: :func:`vlm_grpoma.cache.cache_dir`). ``configure_icd`` exports
 ``VK_ICD_FILENAMES`` before SAPIEN creates its renderer (a user's own setting wins). The status probes are
 what ``vlm-grpoma env`` prints; the rendering probe runs in a child process because a broken Vulkan driver
 can abort the process that tries it.
@@ -16,12 +16,9 @@ import sys
 import warnings
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+from vlm_grpoma.cache import cache_dir
+
 PROBE_TIMEOUT_S = 120
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("VLM_GRPOMA_CACHE") or REPO_ROOT / ".cache")
 
 
 def icd_path() -> Path | None:
@@ -96,7 +93,6 @@ def rendering_status(in_process: bool = False) -> tuple[bool, str]:
             text=True,
             env=env,
             timeout=PROBE_TIMEOUT_S,
-            cwd=REPO_ROOT,
         )
     except subprocess.TimeoutExpired:
         return False, f"the SAPIEN render probe did not finish in {PROBE_TIMEOUT_S} s"

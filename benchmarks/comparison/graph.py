@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlm_grpoma.compare.jobs import Job
-from vlm_grpoma.compare.plan import Arm, ComparePlan, TaskSetup
+from comparison.jobs import Job
+from comparison.plan import Arm, ComparePlan, TaskSetup
 from vlm_grpoma.trainer.checkpoint import checkpoint_name, checkpoint_root
 
 MODEL_ARCH = "qwen2_5_vl"

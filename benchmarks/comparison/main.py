@@ -7,10 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-from vlm_grpoma.compare.graph import Layout, build_jobs
-from vlm_grpoma.compare.jobs import REPO, JobFailed, run_jobs
-from vlm_grpoma.compare.plan import ComparePlan
-from vlm_grpoma.compare.report import usable_cores, write_results
+from comparison.graph import Layout, build_jobs
+from comparison.jobs import REPO, JobFailed, run_jobs
+from comparison.plan import ComparePlan
+from comparison.report import usable_cores, write_results
 
 ROOT_MARKER = (
     ".compare-root"  # the folder was made by this script: its job folders may be cleared and rebuilt

@@ -6,9 +6,9 @@ from __future__ import annotations
 import shlex
 
 import pytest
+from comparison.graph import Layout, build_jobs
+from comparison.plan import Arm, ComparePlan
 
-from vlm_grpoma.compare.graph import Layout, build_jobs
-from vlm_grpoma.compare.plan import Arm, ComparePlan
 from vlm_grpoma.config import load_config, validate
 from vlm_grpoma.trainer.base import Trainer
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from vlm_grpoma.compare.jobs import MARKER, Job, JobFailed, run_jobs
+from comparison.jobs import MARKER, Job, JobFailed, run_jobs
 
 
 def _make_data(name: str, out, n: int = 2, after: tuple[str, ...] = ()) -> Job:

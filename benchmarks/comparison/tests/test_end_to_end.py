@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from vlm_grpoma.compare.graph import Layout, build_jobs
-from vlm_grpoma.compare.jobs import run_jobs
-from vlm_grpoma.compare.plan import Arm, ComparePlan, TaskSetup
-from vlm_grpoma.compare.report import write_results
+from comparison.graph import Layout, build_jobs
+from comparison.jobs import run_jobs
+from comparison.plan import Arm, ComparePlan, TaskSetup
+from comparison.report import write_results
 
 
 def test_miniature_comparison_runs_every_command_and_reports(tmp_path, monkeypatch):

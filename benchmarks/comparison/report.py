@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from vlm_grpoma.compare.graph import Layout
-from vlm_grpoma.compare.jobs import Job, Timing
-from vlm_grpoma.compare.plan import ComparePlan, TaskSetup
-from vlm_grpoma.compare.summary import (
+from comparison.graph import Layout
+from comparison.jobs import Job, Timing
+from comparison.plan import ComparePlan, TaskSetup
+from comparison.summary import (
     ArmSummary,
     RunSeries,
     difference,

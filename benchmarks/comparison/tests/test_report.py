@@ -10,12 +10,11 @@ import statistics
 
 import numpy as np
 import pytest
-
-from vlm_grpoma.compare.graph import Layout, build_jobs
-from vlm_grpoma.compare.jobs import Timing
-from vlm_grpoma.compare.plan import ComparePlan
-from vlm_grpoma.compare.report import write_results
-from vlm_grpoma.compare.summary import Stat, difference, paired_difference, read_run, summarise
+from comparison.graph import Layout, build_jobs
+from comparison.jobs import Timing
+from comparison.plan import ComparePlan
+from comparison.report import write_results
+from comparison.summary import Stat, difference, paired_difference, read_run, summarise
 
 STEPS = 24
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vlm_grpoma.compare.main import main
+from comparison.main import main
 
 
 def test_refuses_an_out_folder_it_did_not_make(tmp_path, capsys):

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "compare"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
 @dataclass(frozen=True)

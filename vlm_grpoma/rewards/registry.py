@@ -1,0 +1,95 @@
+"""Rewards by name: the built-in table, extra rewards registered by code, and the weighted combination a
+config asks for (``rewards.weights`` and ``rewards.options``).
+
+Built-in rewards are imported only when a config names them (``manipulation`` needs SAPIEN).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.rewards.base import Completion, Reward, RewardResult
+
+#: Built-in rewards: config name -> ``module:factory``.
+BUILTIN_REWARDS: dict[str, str] = {
+    "format": "vlm_grpoma.rewards.format:FormatReward",
+    "iou": "vlm_grpoma.rewards.detection:IoUReward",
+    "affordance": "vlm_grpoma.rewards.affordance:AffordanceReward",
+    "trajectory": "vlm_grpoma.rewards.trajectory:TrajectoryReward",
+    "manipulation": "vlm_grpoma.rewards.manipulation:ManipulationReward",
+}
+_REGISTERED: dict[str, Callable[..., Reward]] = {}
+
+
+def register_reward(name: str, factory: Callable[..., Reward]) -> None:
+    """Make ``factory(**options)`` constructible as reward ``name`` (for rewards defined outside the suite)."""
+    if name in BUILTIN_REWARDS or name in _REGISTERED:
+        raise ValueError(f"reward {name!r} is already registered")
+    _REGISTERED[name] = factory
+
+
+def registered_rewards() -> list[str]:
+    return sorted([*BUILTIN_REWARDS, *_REGISTERED])
+
+
+def reward_factory(name: str) -> Callable[..., Reward]:
+    """The factory of reward ``name``; KeyError listing the known names."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    if name not in BUILTIN_REWARDS:
+        raise KeyError(f"unknown reward {name!r}; registered: {', '.join(registered_rewards())}")
+    module, attribute = BUILTIN_REWARDS[name].split(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def build_reward(name: str, **options) -> Reward:
+    return reward_factory(name)(**options)
+
+
+@dataclass
+class WeightedRewards:
+    """The configured rewards combined: ``total = Σ weight · reward.total``.
+
+    Components are reported per reward (``"iou"``) and per reward component (``"iou/matched"``); failure
+    counts are prefixed by the reward name.
+    """
+
+    rewards: dict[str, tuple[float, Reward]]
+
+    def score(self, completions: Sequence[Completion], records: Sequence[Record]) -> RewardResult:
+        total = [0.0] * len(completions)
+        components: dict[str, list[float]] = {}
+        failures: dict[str, int] = {}
+        for name, (weight, reward) in self.rewards.items():
+            result = reward.score(completions, records)
+            total = [t + weight * r for t, r in zip(total, result.total)]
+            components[name] = list(result.total)
+            components.update({f"{name}/{key}": values for key, values in result.components.items()})
+            failures.update({f"{name}/{key}": count for key, count in result.failures.items()})
+        return RewardResult(total, components, failures)
+
+    def close(self) -> None:
+        """Release what rewards hold (e.g. the SAPIEN worker pool of ``manipulation``)."""
+        for _, reward in self.rewards.values():
+            if hasattr(reward, "close"):
+                reward.close()
+
+
+def build_rewards(weights: dict[str, float], options: dict[str, dict] | None = None) -> WeightedRewards:
+    """Build every reward named in ``weights`` (with optional constructor options per name).
+
+    An unknown name or a bad option raises ``ValueError`` naming the config key."""
+    built = {}
+    for name, weight in weights.items():
+        try:
+            factory = reward_factory(name)
+        except KeyError as err:
+            raise ValueError(f"rewards.weights.{name}: {err.args[0]}") from None
+        try:
+            built[name] = (weight, factory(**(options or {}).get(name, {})))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"rewards.options.{name}: {err}") from None
+    return WeightedRewards(built)
