@@ -43,10 +43,37 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a smoke-test sized demo (seconds, learns nothing)")
 
 
+def _eval_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        default=None,
+        help="run config (default: the config.yaml the training run saved in its output folder, found from "
+        "--checkpoint; without one, the defaults)",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted overrides of that config, e.g. data.eval_path=data/test.jsonl",
+    )
+
+
+def _checkpoint_help(what: str) -> str:
+    return (
+        f"{what}: a run folder (its newest checkpoint), a checkpoints/step-N folder or its model/ folder; "
+        "full weights or a LoRA adapter"
+    )
+
+
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    _config_args(p)
-    p.add_argument("--checkpoint", required=True, help="checkpoint folder (Hugging Face format)")
-    p.add_argument("--split", default="test")
+    p.add_argument("--checkpoint", required=True, help=_checkpoint_help("the model to evaluate"))
+    _eval_config_args(p)
+    p.add_argument(
+        "--split",
+        default=None,
+        help="split(s) of data.eval_path to score, comma-separated (e.g. val,testA,testB); default: every "
+        "split there except data.train_split",
+    )
     p.add_argument(
         "--samples",
         type=int,
@@ -59,18 +86,24 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 
 
 def _manip_eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", choices=("model", "oracle", "random"), required=True)
-    p.add_argument("--split", choices=("seen", "unseen"), required=True)
-    p.add_argument("--episodes", type=int, default=100)
-    p.add_argument("--out", required=True, help="result JSON path")
-    p.add_argument("--checkpoint", default="", help="model checkpoint (for --policy model)")
     p.add_argument(
-        "--config",
-        default=None,
-        help="the run config the checkpoint was trained with (model pixel bounds, prompt style, budgets)",
+        "--policy",
+        choices=("model", "oracle", "random"),
+        required=True,
+        help="model: a checkpoint's greedy answers; oracle: the handle contact (upper bound); random: a "
+        "uniform pixel (chance level)",
     )
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of --config")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--split",
+        choices=("seen", "unseen"),
+        required=True,
+        help="seen: held-out instances of the training categories; unseen: held-out categories",
+    )
+    p.add_argument("--episodes", type=int, default=100, help="episodes, spread round-robin over categories")
+    p.add_argument("--out", required=True, help="result JSON path (a .md table and a .png grid beside it)")
+    p.add_argument("--checkpoint", default="", help=_checkpoint_help("for --policy model"))
+    _eval_config_args(p)
+    p.add_argument("--seed", type=int, default=0, help="episode sampling seed (same seed, same episodes)")
     p.add_argument("--workers", type=int, default=0, help="simulator processes (0 = one per core)")
 
 
