@@ -137,6 +137,32 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "records",
+        nargs="*",
+        metavar="RECORDS",
+        help="records files (JSONL) to check; default with --config: data.train_path, data.eval_path and "
+        "data.eval_sets",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model (hub id, folder or LoRA checkpoint) whose processor counts each record's prompt tokens; "
+        "default with --config: model.name_or_path",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="run config: its pixel bounds, prompt style and token budgets (and data paths without RECORDS)",
+    )
+    p.add_argument("--max-errors", type=int, default=20, help="errors to print (all of them are counted)")
+    p.add_argument(
+        "--no-images", action="store_true", help="check the records only, without opening images and masks"
+    )
+    p.set_defaults(overrides=[])
+
+
 def _tiny_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", choices=ARCHS, required=True)
     p.add_argument("--out", required=True)
@@ -193,6 +219,12 @@ COMMANDS: tuple[Command, ...] = (
         "convert a public dataset format to JSONL records",
         "vlm_grpoma.datasets.converters:main",
         _convert_args,
+    ),
+    Command(
+        "check-data",
+        "validate records, images and masks up front; counts, image sizes, prompt token lengths",
+        "vlm_grpoma.datasets.check:main",
+        _check_data_args,
     ),
     Command(
         "make-tiny-model",
