@@ -108,12 +108,18 @@ def _manip_eval_args(p: argparse.ArgumentParser) -> None:
 
 
 def _make_data_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--task", choices=TASKS, required=True)
-    p.add_argument("--source", choices=("shapes", "sapien"), required=True)
+    p.add_argument("--task", choices=TASKS, required=True, help="the task of the records to generate")
+    p.add_argument(
+        "--source",
+        choices=("shapes", "sapien"),
+        required=True,
+        help="shapes: coloured shapes on plain or noisy backgrounds; sapien: renders of the simulator's "
+        "articulated objects (needs Vulkan rendering)",
+    )
     p.add_argument("--n", type=int, required=True, help="number of records")
     p.add_argument("--out", required=True, help="output folder (records.jsonl + images/)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--split", default="train")
+    p.add_argument("--seed", type=int, default=0, help="generation seed (same seed, same dataset)")
+    p.add_argument("--split", default="train", help="the split name written into every record")
     p.add_argument(
         "--difficulty",
         choices=("easy", "normal"),
@@ -131,9 +137,27 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
         help="; ".join(f"{name}: {fmt.reads}" for name, fmt in FORMATS.items()),
     )
     p.add_argument("input", help="the dataset file or folder in that format")
-    p.add_argument("output", help="records file (*.jsonl) or a folder that receives records.jsonl")
+    p.add_argument(
+        "output",
+        help="records file (*.jsonl) or a folder that receives records.jsonl; every split goes into this one "
+        "file (training reads data.train_split from it, eval the others)",
+    )
     p.add_argument(
         "--image-root", default=None, help="folder holding the images (default: where the format keeps them)"
+    )
+    p.add_argument("--task", choices=TASKS, default=None, help="parquet: the task of the records to make")
+    p.add_argument(
+        "--field",
+        action="append",
+        metavar="NAME=COLUMN",
+        help="parquet: the column holding a record field (repeat): prompt, image, boxes, points, trajectory, "
+        "label, id, split",
+    )
+    p.add_argument(
+        "--box-format",
+        choices=("xyxy", "xywh"),
+        default="xyxy",
+        help="parquet: boxes as [x1, y1, x2, y2] or COCO's [x, y, width, height]",
     )
 
 
@@ -164,9 +188,9 @@ def _check_data_args(p: argparse.ArgumentParser) -> None:
 
 
 def _tiny_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--arch", choices=ARCHS, required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arch", choices=ARCHS, required=True, help="the Qwen-VL family to build")
+    p.add_argument("--out", required=True, help="output folder (a Hugging Face model folder)")
+    p.add_argument("--seed", type=int, default=0, help="weight and tokenizer seed (same seed, same model)")
     p.add_argument(
         "--preset",
         choices=("tiny", "small", "bench"),
