@@ -19,8 +19,8 @@ from vlm_grpoma.models.sources import adapter_chain, architecture_source, is_ada
 R, ALPHA = 4, 8
 
 
-def save_random_lora(base: str | Path, out: Path, seed: int) -> Path:
-    """A LoRA on ``base`` (full folder or adapter folder) with random non-zero A and B, saved like a checkpoint."""
+def random_lora(base: str | Path, seed: int) -> torch.nn.Module:
+    """A PeftModel LoRA on ``base`` (full folder or adapter folder) with random non-zero A and B."""
     torch.manual_seed(seed)
     model_cfg = ModelConfig(
         name_or_path=str(base), dtype="float32", lora=LoraConfig(enabled=True, r=R, alpha=ALPHA, dropout=0.0)
@@ -30,7 +30,12 @@ def save_random_lora(base: str | Path, out: Path, seed: int) -> Path:
         for name, param in peft_model.named_parameters():
             if "lora_" in name:
                 param.normal_(0, 0.1)
-    peft_model.save_pretrained(out)
+    return peft_model
+
+
+def save_random_lora(base: str | Path, out: Path, seed: int) -> Path:
+    """:func:`random_lora` saved like a checkpoint's model/ folder (adapter + processor)."""
+    random_lora(base, seed).save_pretrained(out)
     load_adapter(ModelConfig(name_or_path=str(base))).processor.save_pretrained(out)
     return out
 
@@ -97,3 +102,18 @@ def test_missing_base_or_cycle_is_one_clear_error(full, tmp_path):
     (tmp_path / full.name).symlink_to(full)
     config_file.write_text(json.dumps(config))
     assert adapter_chain(adapter).base == str(full.resolve())
+
+
+def test_adapter_folder_loads_like_the_trainers_merged_export(full, tmp_path):
+    """checkpoint.merge_lora=true writes merged weights with its own merge; loading the adapter folder agrees."""
+    from vlm_grpoma.trainer.checkpoint import merged_lora_state_dict
+
+    peft_model = random_lora(full, seed=4)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    exported = merged_lora_state_dict(peft_model, peft_model.state_dict())
+    loaded = load_model(
+        ModelConfig(name_or_path=str(tmp_path / "adapter"), dtype="float32")
+    ).model.state_dict()
+    assert loaded.keys() == exported.keys()
+    for key in loaded:
+        torch.testing.assert_close(loaded[key], exported[key], rtol=1e-5, atol=1e-5)
