@@ -266,7 +266,11 @@ COMMANDS: tuple[Command, ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vlm-grpoma", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="vlm-grpoma",
+        description="GRPO-MA training and evaluation of Qwen-VL models on grounding and manipulation. "
+        "A run: check-data, sft, train, eval / manip-eval; `vlm-grpoma COMMAND --help` for each.",
+    )
     parser.add_argument("--version", action="version", version=f"vlm-grpoma {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
