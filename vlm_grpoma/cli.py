@@ -247,7 +247,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "check-data",
         "validate records, images and masks up front; counts, image sizes, prompt token lengths",
-        "vlm_grpoma.datasets.check:main",
+        "vlm_grpoma.models.prompt_check:main",
         _check_data_args,
     ),
     Command(

@@ -10,8 +10,9 @@ import pytest
 from PIL import Image
 
 from vlm_grpoma.cli import main as cli_main
-from vlm_grpoma.datasets.check import check_records, prompt_lengths
+from vlm_grpoma.datasets.check import check_records
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
+from vlm_grpoma.models.prompt_check import prompt_lengths
 
 
 def record(rid, image, width, height, task="detection", split="train", ground_truth=None):

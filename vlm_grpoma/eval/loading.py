@@ -18,22 +18,21 @@ from vlm_grpoma.errors import CheckpointError
 
 #: The resolved config a run writes into its output folder.
 RUN_CONFIG = "config.yaml"
-_MODEL_DIR = "model"
+#: The layout the trainer writes: <run>/checkpoints/step-NNNNNNNN/{model/, checkpoint.json (written last)}.
+_CHECKPOINTS, _COMPLETE, _MODEL_DIR = "checkpoints", "checkpoint.json", "model"
 
 
 def model_folder(checkpoint: str | Path) -> Path:
     """The Hugging Face folder to load for ``checkpoint`` (run folder, step folder or model folder)."""
-    from vlm_grpoma.trainer.checkpoint import CHECKPOINT_DIR, list_checkpoints
-
     path = Path(checkpoint)
     if not path.is_dir():
         raise CheckpointError(f"--checkpoint {path}: not a folder")
-    if (path / CHECKPOINT_DIR).is_dir():
-        found = list_checkpoints(path)
-        if not found:
+    if (path / _CHECKPOINTS).is_dir():
+        complete = sorted(p.parent for p in (path / _CHECKPOINTS).glob(f"step-*/{_COMPLETE}"))
+        if not complete:
             raise CheckpointError(f"--checkpoint {path}: a run folder without a complete checkpoint")
-        path = found[-1]
-    if (path / _MODEL_DIR).is_dir() and (path / "checkpoint.json").is_file():
+        path = complete[-1]  # step numbers are zero-padded: the last name is the newest
+    if (path / _MODEL_DIR).is_dir() and (path / _COMPLETE).is_file():
         path = path / _MODEL_DIR
     if not any((path / name).is_file() for name in ("config.json", "adapter_config.json")):
         raise CheckpointError(
@@ -46,13 +45,11 @@ def model_folder(checkpoint: str | Path) -> Path:
 def run_config_path(model_dir: str | Path) -> Path | None:
     """The ``config.yaml`` saved with ``model_dir``: beside it, in its step folder, or in the output folder of
     the run that wrote it (``<run>/checkpoints/step-N/model``); None when there is none."""
-    from vlm_grpoma.trainer.checkpoint import CHECKPOINT_DIR
-
     folder = Path(model_dir).resolve()
     candidates = [folder]
     if folder.name == _MODEL_DIR:
         candidates.append(folder.parent)
-        if folder.parent.parent.name == CHECKPOINT_DIR:
+        if folder.parent.parent.name == _CHECKPOINTS:
             candidates.append(folder.parent.parent.parent)
     for candidate in candidates:
         if (candidate / RUN_CONFIG).is_file():
