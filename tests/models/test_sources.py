@@ -117,3 +117,42 @@ def test_adapter_folder_loads_like_the_trainers_merged_export(full, tmp_path):
     assert loaded.keys() == exported.keys()
     for key in loaded:
         torch.testing.assert_close(loaded[key], exported[key], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_training_from_an_adapter_folder_under_zero(full, tmp_path, zero_stage):
+    """SFT with LoRA started from a LoRA folder: ZeRO-3 partitions weights as they load, so the merge happens
+    on whole weights first; the new adapter names the folder it started from."""
+    from vlm_grpoma.config import load_config
+    from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
+    from vlm_grpoma.trainer.sft import SFTTrainer
+
+    start = save_random_lora(full, tmp_path / "start", seed=5)
+    data = generate_shapes("detection", 4, tmp_path / "data", seed=0, config=EASY)
+    config = load_config(
+        None,
+        [
+            f"model.name_or_path={start}",
+            "model.dtype=float32",
+            "model.lora.enabled=true",
+            f"data.train_path={data}",
+            f"logging.output_dir={tmp_path / 'run'}",
+            "logging.progress_bar=false",
+            "train.steps=1",
+            "train.prompts_per_step=2",
+            "train.micro_batch_prompts=2",
+            f"deepspeed.zero_stage={zero_stage}",
+        ],
+    )
+    run = SFTTrainer(config)
+    run.train()
+    run.engine.close()
+    saved = json.loads((run.final_model_dir / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == str(start)
+    assert adapter_chain(run.final_model_dir).adapters == (str(start), str(run.final_model_dir.resolve()))
+    # the run started from the merged start weights: one step at lr 1e-6 on a zero-initialised B moves little
+    before = load_model(ModelConfig(name_or_path=str(start), dtype="float32")).model.state_dict()
+    after = load_model(ModelConfig(name_or_path=str(run.final_model_dir), dtype="float32")).model.state_dict()
+    for key in before:
+        torch.testing.assert_close(after[key], before[key], rtol=0, atol=1e-4)
