@@ -17,6 +17,7 @@ EXPECTED_COMMANDS = {
     "manip-eval",
     "make-data",
     "convert",
+    "check-data",
     "make-tiny-model",
     "env",
 }

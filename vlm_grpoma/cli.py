@@ -43,10 +43,37 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a smoke-test sized demo (seconds, learns nothing)")
 
 
+def _eval_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        default=None,
+        help="run config (default: the config.yaml the training run saved in its output folder, found from "
+        "--checkpoint; without one, the defaults)",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted overrides of that config, e.g. data.eval_path=data/test.jsonl",
+    )
+
+
+def _checkpoint_help(what: str) -> str:
+    return (
+        f"{what}: a run folder (its newest checkpoint), a checkpoints/step-N folder or its model/ folder; "
+        "full weights or a LoRA adapter"
+    )
+
+
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    _config_args(p)
-    p.add_argument("--checkpoint", required=True, help="checkpoint folder (Hugging Face format)")
-    p.add_argument("--split", default="test")
+    p.add_argument("--checkpoint", required=True, help=_checkpoint_help("the model to evaluate"))
+    _eval_config_args(p)
+    p.add_argument(
+        "--split",
+        default=None,
+        help="split(s) of data.eval_path to score, comma-separated (e.g. val,testA,testB); default: every "
+        "split there except data.train_split",
+    )
     p.add_argument(
         "--samples",
         type=int,
@@ -59,28 +86,40 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 
 
 def _manip_eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", choices=("model", "oracle", "random"), required=True)
-    p.add_argument("--split", choices=("seen", "unseen"), required=True)
-    p.add_argument("--episodes", type=int, default=100)
-    p.add_argument("--out", required=True, help="result JSON path")
-    p.add_argument("--checkpoint", default="", help="model checkpoint (for --policy model)")
     p.add_argument(
-        "--config",
-        default=None,
-        help="the run config the checkpoint was trained with (model pixel bounds, prompt style, budgets)",
+        "--policy",
+        choices=("model", "oracle", "random"),
+        required=True,
+        help="model: a checkpoint's greedy answers; oracle: the handle contact (upper bound); random: a "
+        "uniform pixel (chance level)",
     )
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of --config")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--split",
+        choices=("seen", "unseen"),
+        required=True,
+        help="seen: held-out instances of the training categories; unseen: held-out categories",
+    )
+    p.add_argument("--episodes", type=int, default=100, help="episodes, spread round-robin over categories")
+    p.add_argument("--out", required=True, help="result JSON path (a .md table and a .png grid beside it)")
+    p.add_argument("--checkpoint", default="", help=_checkpoint_help("for --policy model"))
+    _eval_config_args(p)
+    p.add_argument("--seed", type=int, default=0, help="episode sampling seed (same seed, same episodes)")
     p.add_argument("--workers", type=int, default=0, help="simulator processes (0 = one per core)")
 
 
 def _make_data_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--task", choices=TASKS, required=True)
-    p.add_argument("--source", choices=("shapes", "sapien"), required=True)
+    p.add_argument("--task", choices=TASKS, required=True, help="the task of the records to generate")
+    p.add_argument(
+        "--source",
+        choices=("shapes", "sapien"),
+        required=True,
+        help="shapes: coloured shapes on plain or noisy backgrounds; sapien: renders of the simulator's "
+        "articulated objects (needs Vulkan rendering)",
+    )
     p.add_argument("--n", type=int, required=True, help="number of records")
     p.add_argument("--out", required=True, help="output folder (records.jsonl + images/)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--split", default="train")
+    p.add_argument("--seed", type=int, default=0, help="generation seed (same seed, same dataset)")
+    p.add_argument("--split", default="train", help="the split name written into every record")
     p.add_argument(
         "--difficulty",
         choices=("easy", "normal", "relational"),
@@ -99,16 +138,60 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
         help="; ".join(f"{name}: {fmt.reads}" for name, fmt in FORMATS.items()),
     )
     p.add_argument("input", help="the dataset file or folder in that format")
-    p.add_argument("output", help="records file (*.jsonl) or a folder that receives records.jsonl")
+    p.add_argument(
+        "output",
+        help="records file (*.jsonl) or a folder that receives records.jsonl; every split goes into this one "
+        "file (training reads data.train_split from it, eval the others)",
+    )
     p.add_argument(
         "--image-root", default=None, help="folder holding the images (default: where the format keeps them)"
     )
+    p.add_argument("--task", choices=TASKS, default=None, help="parquet: the task of the records to make")
+    p.add_argument(
+        "--field",
+        action="append",
+        metavar="NAME=COLUMN",
+        help="parquet: the column holding a record field (repeat): prompt, image, boxes, points, trajectory, "
+        "label, id, split",
+    )
+    p.add_argument(
+        "--box-format",
+        choices=("xyxy", "xywh"),
+        default="xyxy",
+        help="parquet: boxes as [x1, y1, x2, y2] or COCO's [x, y, width, height]",
+    )
+
+
+def _check_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "records",
+        nargs="*",
+        metavar="RECORDS",
+        help="records files (JSONL) to check; default with --config: data.train_path, data.eval_path and "
+        "data.eval_sets",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model (hub id, folder or LoRA checkpoint) whose processor counts each record's prompt tokens; "
+        "default with --config: model.name_or_path",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="run config: its pixel bounds, prompt style and token budgets (and data paths without RECORDS)",
+    )
+    p.add_argument("--max-errors", type=int, default=20, help="errors to print (all of them are counted)")
+    p.add_argument(
+        "--no-images", action="store_true", help="check the records only, without opening images and masks"
+    )
+    p.set_defaults(overrides=[])
 
 
 def _tiny_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--arch", choices=ARCHS, required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arch", choices=ARCHS, required=True, help="the Qwen-VL family to build")
+    p.add_argument("--out", required=True, help="output folder (a Hugging Face model folder)")
+    p.add_argument("--seed", type=int, default=0, help="weight and tokenizer seed (same seed, same model)")
     p.add_argument(
         "--preset",
         choices=("tiny", "small", "bench"),
@@ -163,6 +246,12 @@ COMMANDS: tuple[Command, ...] = (
         _convert_args,
     ),
     Command(
+        "check-data",
+        "validate records, images and masks up front; counts, image sizes, prompt token lengths",
+        "vlm_grpoma.models.prompt_check:main",
+        _check_data_args,
+    ),
+    Command(
         "make-tiny-model",
         "build a tiny Qwen-VL model + processor offline",
         "vlm_grpoma.models.tiny:main",
@@ -178,7 +267,11 @@ COMMANDS: tuple[Command, ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vlm-grpoma", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="vlm-grpoma",
+        description="GRPO-MA training and evaluation of Qwen-VL models on grounding and manipulation. "
+        "A run: check-data, sft, train, eval / manip-eval; `vlm-grpoma COMMAND --help` for each.",
+    )
     parser.add_argument("--version", action="version", version=f"vlm-grpoma {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:

@@ -166,6 +166,10 @@ class LoggingConfig:
     tensorboard: bool = True
     wandb_project: str = ""
     progress_bar: bool = True
+    #: every this many GRPO-MA steps, write ``samples`` of rank 0's completions (texts and rewards) to
+    #: samples.jsonl and TensorBoard text (0: never)
+    samples_every: int = 10
+    samples: int = 4
 
 
 @dataclass
@@ -434,6 +438,12 @@ def validate(config: Config, world_size: int | None = None) -> None:
     _require(
         config.logging.log_every >= 1, "logging.log_every", f"must be >= 1, got {config.logging.log_every}"
     )
+    _require(
+        config.logging.samples_every >= 0,
+        "logging.samples_every",
+        f"must be >= 0 (0 logs no samples), got {config.logging.samples_every}",
+    )
+    _require(config.logging.samples >= 1, "logging.samples", f"must be >= 1, got {config.logging.samples}")
     _require(
         config.checkpoint.save_every >= 0, "checkpoint.save_every", "must be >= 0 (0 saves only at the end)"
     )

@@ -48,11 +48,12 @@ class _FieldError(ValueError):
 
 @dataclass
 class LoadReport:
-    """What :func:`load_records` read: the valid records and one error per skipped line."""
+    """What :func:`load_records` read: the valid records (and the line of each) and one error per skipped line."""
 
     path: Path
     records: list[Record] = field(default_factory=list)
     errors: list[RecordError] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
 
     @property
     def skipped(self) -> int:
@@ -241,6 +242,7 @@ def load_records(path: str | Path) -> LoadReport:
             continue
         first_line_of_id[record.id] = line_no
         report.records.append(record)
+        report.lines.append(line_no)
     return report
 
 

@@ -46,14 +46,15 @@ def sampling_params(rollout: RolloutConfig, greedy: bool, samples: int, seed: in
 
 
 def generate_predictions(
-    model: Any, adapter: Any, records: Sequence[Record], params: Any, batch_size: int = 8
+    model: Any, adapter: Any, records: Sequence[Record], params: Any, batch_size: int = 8, engine: Any = None
 ) -> list[Prediction]:
-    """Sample ``params.num_thoughts`` completions per record with the transformers engine, batch by batch."""
+    """Sample ``params.num_thoughts`` completions per record, batch by batch, with ``engine`` (a rollout
+    engine, e.g. vLLM's) or else the transformers engine on ``model``."""
     from vlm_grpoma.rollout.hf import HFRolloutEngine
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    engine = HFRolloutEngine.for_adapter(model, adapter)
+    engine = engine or HFRolloutEngine.for_adapter(model, adapter)
     out = []
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
@@ -79,11 +80,13 @@ def evaluate(
     out_dir: str | Path | None = None,
     overlays: int = 16,
     rollout: RolloutConfig | None = None,
+    engine: Any = None,
 ) -> EvalReport:
     """Run the model over ``records`` and score it; with ``out_dir`` also write the report files.
 
     ``rollout`` supplies the token budgets and, for sampled decoding, temperature / top-p / top-k (defaults:
-    :class:`RolloutConfig`). The demo calls it in-process after each stage.
+    :class:`RolloutConfig`); ``engine`` a rollout engine to sample with (default: transformers on ``model``).
+    The demo calls it in-process after each stage.
     """
     for record in records:
         if record.task not in SCORERS:
@@ -93,7 +96,7 @@ def evaluate(
             )
     start = time.perf_counter()
     params = sampling_params(rollout or RolloutConfig(), greedy, samples, seed)
-    predictions = generate_predictions(model, adapter, records, params, batch_size)
+    predictions = generate_predictions(model, adapter, records, params, batch_size, engine)
     report = score_predictions(predictions, samples, greedy)
     report.seconds = time.perf_counter() - start
     if out_dir is not None:
@@ -101,63 +104,95 @@ def evaluate(
     return report
 
 
-def main(args: argparse.Namespace) -> int:
-    """``vlm-grpoma eval --config X.yaml --checkpoint DIR --split S``; writes <output_dir>/eval-<split>/."""
-    import torch
+def eval_splits(records: Sequence[Record], requested: str | None, train_split: str) -> list[str]:
+    """``--split``: comma-separated split names; by default every split of the records except the training
+    split (RefCOCO: val, testA, testB), in file order."""
+    from vlm_grpoma.errors import CommandError
 
+    present = list(dict.fromkeys(r.split for r in records))
+    if requested:
+        chosen = [s.strip() for s in requested.split(",") if s.strip()]
+        missing = [s for s in chosen if s not in present]
+        if missing or not chosen:
+            raise CommandError(
+                f"--split {requested}: no records of split {', '.join(missing) or '(none named)'} "
+                f"(splits there: {', '.join(present) or 'none'})"
+            )
+        return chosen
+    held_out = [s for s in present if s != train_split]
+    if not held_out:
+        raise CommandError(
+            f"data.eval_path holds only the training split {train_split!r}; name another file or pass "
+            f"--split {train_split} to score the training records"
+        )
+    return held_out
+
+
+def main(args: argparse.Namespace) -> int:
+    """``vlm-grpoma eval --checkpoint DIR [--config X.yaml] [--split S[,S...]]``; writes
+    ``<output_dir>/eval-<split>/`` for each split."""
     from vlm_grpoma.datasets.jsonl import RecordError, read_records
     from vlm_grpoma.errors import CommandError
-    from vlm_grpoma.models.loading import load_model
+    from vlm_grpoma.eval.loading import eval_config, load_for_eval, model_folder
 
-    config = args.config_obj
-    checkpoint = Path(args.checkpoint)
-    if not checkpoint.is_dir():
-        raise CommandError(f"--checkpoint {checkpoint}: not a folder")
+    model_dir = model_folder(args.checkpoint)
+    resolved = eval_config(model_dir, args.config, args.overrides)
+    config = resolved.config
+    print(f"config: {resolved.source}")
     if not config.data.eval_path:
         raise CommandError("data.eval_path: not set; point it at the JSONL records to evaluate")
     try:
         records = read_records(config.data.eval_path, skip_bad=config.data.skip_bad_records)
     except RecordError as err:
         raise CommandError(str(err)) from None
-    in_split = [r for r in records if r.split == args.split]
-    if not in_split:
-        splits = ", ".join(sorted({r.split for r in records})) or "none"
+    splits = eval_splits(records, args.split, config.data.train_split)
+    grounding = [r for r in records if r.task in SCORERS]
+    if not grounding:
         raise CommandError(
-            f"--split {args.split}: no records in {config.data.eval_path} (splits there: {splits})"
+            f"data.eval_path: no grounding records ({', '.join(GROUNDING_TASKS)}) in "
+            f"{config.data.eval_path}; evaluate manipulation with manip-eval"
         )
-    chosen = [r for r in in_split if r.task in SCORERS]
-    notes = []
-    if len(chosen) < len(in_split):
-        notes.append(f"{len(in_split) - len(chosen)} manipulation record(s) left out: use manip-eval")
-    if not chosen:
-        raise CommandError(f"--split {args.split}: no grounding records ({', '.join(GROUNDING_TASKS)})")
     samples = int(getattr(args, "samples", 1) or 1)
-    out_dir = Path(config.logging.output_dir) / f"eval-{args.split}"
-    loaded = load_model(replace(config.model, name_or_path=str(checkpoint)))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = loaded.model.to(device).eval()
-    print(
-        f"evaluating {checkpoint} on {len(chosen)} {args.split} records "
-        f"({'greedy' if samples == 1 else f'{samples} samples each'}) on {device}"
-    )
-    report = evaluate(
-        model,
-        loaded.adapter,
-        chosen,
-        greedy=samples == 1,
-        samples=samples,
-        seed=config.seed,
-        rollout=config.rollout,
-    )
-    report.notes += notes
-    meta = {"checkpoint": str(checkpoint), "split": args.split, "eval_path": config.data.eval_path}
-    files = write_report(report, out_dir, int(getattr(args, "overlays", 16)), meta)
-    print(markdown_report(report), end="")
-    print(
-        f"metrics: {files['metrics']}\nreport: {files['report']}\npredictions: {files['predictions']}\n"
-        f"overlays: {len(files['overlays'])} PNG(s) in {out_dir / 'overlays'}"
-    )
+    loaded = load_for_eval(model_dir, config)
+    print(f"model: {loaded.describe()}")
+    for split in splits:
+        in_split = [r for r in records if r.split == split]
+        chosen = [r for r in in_split if r.task in SCORERS]
+        if not chosen:
+            print(f"{split}: no grounding records ({len(in_split)} manipulation: use manip-eval)")
+            continue
+        print(
+            f"evaluating {len(chosen)} {split} records "
+            f"({'greedy' if samples == 1 else f'{samples} samples each'})"
+        )
+        report = evaluate(
+            loaded.model,
+            loaded.adapter,
+            chosen,
+            greedy=samples == 1,
+            samples=samples,
+            seed=config.seed,
+            rollout=config.rollout,
+            engine=loaded.rollout,
+        )
+        if len(chosen) < len(in_split):
+            report.notes.append(
+                f"{len(in_split) - len(chosen)} manipulation record(s) left out: use manip-eval"
+            )
+        meta = {
+            "checkpoint": str(model_dir),
+            "split": split,
+            "eval_path": config.data.eval_path,
+            "config": resolved.source,
+        }
+        out_dir = Path(config.logging.output_dir) / f"eval-{split}"
+        files = write_report(report, out_dir, int(getattr(args, "overlays", 16)), meta)
+        print(markdown_report(report), end="")
+        print(
+            f"metrics: {files['metrics']}\nreport: {files['report']}\npredictions: {files['predictions']}\n"
+            f"overlays: {len(files['overlays'])} PNG(s) in {out_dir / 'overlays'}"
+        )
     return 0
 
 
-__all__ = ["evaluate", "generate_predictions", "main", "sampling_params"]
+__all__ = ["eval_splits", "evaluate", "generate_predictions", "main", "sampling_params"]

@@ -21,12 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from vlm_grpoma.answers import ContactAction, ParseError
-from vlm_grpoma.config import Config, ModelConfig
+from vlm_grpoma.config import Config
 from vlm_grpoma.envs.sapien.camera import render
 from vlm_grpoma.envs.sapien.pool import SimPool
 from vlm_grpoma.envs.sapien.task import EpisodeSpec, Outcome, prepare
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
 from vlm_grpoma.errors import CommandError
+from vlm_grpoma.eval.loading import eval_config, model_folder
 from vlm_grpoma.eval.report import Tile, contact_grid, success_table
 
 GRID_TILES = 12
@@ -96,7 +97,7 @@ def model_actions(
     the model adapter and the transformers rollout engine (the same path as training and grounding eval).
 
     ``config``: the run config the checkpoint was trained with — its model settings (pixel bounds, prompt
-    style, which fix the coordinate frame) and rollout budgets; defaults otherwise."""
+    style, which fix the coordinate frame) and rollout budgets; default: the run's saved config."""
     if not checkpoint or not Path(checkpoint).is_dir():
         raise CommandError(
             f"--policy model needs --checkpoint DIR (a Hugging Face model folder), got {checkpoint!r}"
@@ -106,20 +107,32 @@ def model_actions(
         raise CommandError(f"--policy model needs rendered images but rendering is unavailable: {reason}")
     from vlm_grpoma.datasets.synthetic.sapien import render_record
     from vlm_grpoma.eval.grounding import generate_predictions, sampling_params
-    from vlm_grpoma.models.loading import load_model
+    from vlm_grpoma.eval.loading import load_for_eval
 
     records = [
         render_record("manipulation", f"manip-eval-{split}-{seed}-{i:06d}", split, spec, oracle, image_dir)
         for i, (spec, oracle) in enumerate(sampled)
     ]
     records = [replace(r, image=str(image_dir / r.image)) for r in records]
-    config = config or Config(model=ModelConfig(dtype="float32"))
-    loaded = load_model(replace(config.model, name_or_path=checkpoint))
-    loaded.model.eval()
-    predictions = generate_predictions(
-        loaded.model, loaded.adapter, records, sampling_params(config.rollout, True, 1, seed)
-    )
+    # Loading (full or LoRA folder, run config, accelerator, rollout backend) is shared with ``eval``.
+    model_dir = model_folder(checkpoint)
+    config = config or eval_config(model_dir).config
+    loaded = load_for_eval(model_dir, config)
+    print(f"model: {loaded.describe()}")
+    params = sampling_params(config.rollout, True, 1, seed)
+    predictions = generate_predictions(loaded.model, loaded.adapter, records, params, engine=loaded.rollout)
     return [p.answer for p in predictions]
+
+
+def run_config(args: argparse.Namespace) -> Config | None:
+    """``--policy model``: ``--config``, else the checkpoint run's saved config (overrides applied), printed."""
+    if args.policy != "model" or not args.checkpoint or not Path(args.checkpoint).is_dir():
+        return None  # model_actions reports a missing checkpoint
+    resolved = eval_config(
+        model_folder(args.checkpoint), getattr(args, "config", None), getattr(args, "overrides", ())
+    )
+    print(f"config: {resolved.source}")
+    return resolved.config
 
 
 def evaluate(
@@ -182,7 +195,7 @@ def main(args: argparse.Namespace) -> int:
         args.workers,
         checkpoint=args.checkpoint,
         image_dir=out.with_name(out.stem + "_images"),
-        config=getattr(args, "config_obj", None),
+        config=run_config(args),
     )
     result["seconds"] = round(time.perf_counter() - start, 2)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,8 @@ the vision freeze and LoRA. The one place that maps dtype names to torch dtypes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +13,7 @@ import torch
 from vlm_grpoma.config import ConfigError, ModelConfig
 from vlm_grpoma.models.qwen import QwenVLAdapter
 from vlm_grpoma.models.registry import load_adapter
+from vlm_grpoma.models.sources import adapter_chain, local_path
 
 #: ``model.dtype`` names and the torch dtypes they load as.
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -34,18 +37,54 @@ def _in_any(name: str, prefixes: list[str]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
+@contextmanager
+def _without_zero3_partitioning() -> Iterator[None]:
+    """Load whole (unpartitioned) weights even inside a ZeRO-3 run, so LoRA deltas can be merged into them;
+    DeepSpeed partitions the merged model when it wraps it."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    ref = hf_deepspeed._hf_deepspeed_config_weak_ref
+    active = ref() if ref is not None else None
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        if active is not None:
+            hf_deepspeed.set_hf_deepspeed_config(active)
+
+
 def load_pretrained(model_cfg: ModelConfig, dtype: torch.dtype | str) -> torch.nn.Module:
-    """``AutoModelForImageTextToText.from_pretrained`` with the configured dtype and attention."""
+    """``AutoModelForImageTextToText.from_pretrained`` with the configured dtype and attention.
+
+    ``model.name_or_path`` may be a LoRA adapter folder (a LoRA run's ``model/``): its base model is loaded
+    and every adapter of the chain merged into it, and the model keeps the adapter folder as its name, so a
+    new LoRA trained on top records that folder (not the bare base) as its own base.
+    """
     from transformers import AutoModelForImageTextToText
 
     if not model_cfg.name_or_path:
         raise ConfigError("model.name_or_path: empty; name a Hugging Face checkpoint or a local folder")
-    return AutoModelForImageTextToText.from_pretrained(
-        model_cfg.name_or_path,
-        dtype=dtype,
-        attn_implementation=model_cfg.attn_implementation,
-        trust_remote_code=model_cfg.trust_remote_code,
-    )
+    chain = adapter_chain(model_cfg.name_or_path)
+
+    def base() -> torch.nn.Module:
+        return AutoModelForImageTextToText.from_pretrained(
+            chain.base,
+            dtype=dtype,
+            attn_implementation=model_cfg.attn_implementation,
+            trust_remote_code=model_cfg.trust_remote_code,
+        )
+
+    if not chain.is_adapter:
+        return base()
+    from peft import PeftModel
+
+    with _without_zero3_partitioning():
+        model = base()
+        for folder in chain.adapters:
+            model = PeftModel.from_pretrained(model, folder).merge_and_unload()
+    name = local_path(model_cfg.name_or_path)
+    model.name_or_path = model.config.name_or_path = name
+    return model
 
 
 def prepare_trainable(model: torch.nn.Module, model_cfg: ModelConfig) -> torch.nn.Module:

@@ -1,4 +1,5 @@
-"""Rewards by name: the built-in table, extra rewards registered by code, and the weighted combination a
+"""Rewards by name: the built-in table, extra rewards registered by code, plain functions in the user's own
+files (``path/to/file.py:function``, see :mod:`~vlm_grpoma.rewards.function`), and the weighted combination a
 config asks for (``rewards.weights`` and ``rewards.options``).
 
 Built-in rewards are imported only when a config names them (``manipulation`` needs SAPIEN).
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.rewards.base import Completion, Reward, RewardResult
+from vlm_grpoma.rewards.function import RewardFileError, function_reward_factory, is_function_spec
 
 #: Built-in rewards: config name -> ``module:factory``.
 BUILTIN_REWARDS: dict[str, str] = {
@@ -36,11 +38,17 @@ def registered_rewards() -> list[str]:
 
 
 def reward_factory(name: str) -> Callable[..., Reward]:
-    """The factory of reward ``name``; KeyError listing the known names."""
+    """The factory of reward ``name`` (a registered name or ``file.py:function``); KeyError listing the known
+    names, RewardFileError for a function file that cannot be used."""
+    if is_function_spec(name):
+        return function_reward_factory(name)
     if name in _REGISTERED:
         return _REGISTERED[name]
     if name not in BUILTIN_REWARDS:
-        raise KeyError(f"unknown reward {name!r}; registered: {', '.join(registered_rewards())}")
+        raise KeyError(
+            f"unknown reward {name!r}; registered: {', '.join(registered_rewards())}, or a function "
+            "in your own file as path/to/file.py:function"
+        )
     module, attribute = BUILTIN_REWARDS[name].split(":")
     return getattr(importlib.import_module(module), attribute)
 
@@ -81,12 +89,12 @@ class WeightedRewards:
 def build_rewards(weights: dict[str, float], options: dict[str, dict] | None = None) -> WeightedRewards:
     """Build every reward named in ``weights`` (with optional constructor options per name).
 
-    An unknown name or a bad option raises ``ValueError`` naming the config key."""
+    An unknown name, an unusable reward file or a bad option raises ``ValueError`` naming the config key."""
     built = {}
     for name, weight in weights.items():
         try:
             factory = reward_factory(name)
-        except KeyError as err:
+        except (KeyError, RewardFileError) as err:
             raise ValueError(f"rewards.weights.{name}: {err.args[0]}") from None
         try:
             built[name] = (weight, factory(**(options or {}).get(name, {})))

@@ -36,6 +36,7 @@ from vlm_grpoma.trainer.evaluation import EvalSet, evaluate_sets, greedy_params,
 from vlm_grpoma.trainer.logging import reduce_metrics, sum_over_ranks
 from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
 from vlm_grpoma.trainer.packed import shared_prefix_log_probs
+from vlm_grpoma.trainer.samples import completion_samples
 from vlm_grpoma.trainer.scoring import score_tree
 
 
@@ -203,6 +204,8 @@ class GRPOMATrainer(Trainer):
         rolled = time.perf_counter()
         result, rewards, parsed = score_tree(tree, records, self.adapter, self.rewards)
         scored = time.perf_counter()
+        samples = completion_samples(tree, records, result, parsed, self.config.logging.samples)
+        self.logger.log_samples(self.step + 1, samples)
         update, grad_norms = self._update(tree, rewards)
         updated = time.perf_counter()
 

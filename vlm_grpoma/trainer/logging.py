@@ -21,6 +21,7 @@ from vlm_grpoma.config import LoggingConfig
 REWARD_KEY = "reward/total_mean"
 STEP_TIME_KEY = "time/step_s"
 METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
 
@@ -83,6 +84,7 @@ class MetricsLogger:
                 ) from None
             self._wandb = wandb.init(
                 project=cfg.wandb_project,
+                name=self.output_dir.resolve().name,
                 dir=str(self.output_dir),
                 config=dict(run_config or {}),
                 resume="allow",
@@ -117,6 +119,24 @@ class MetricsLogger:
                 postfix["s/step"] = f"{numeric[STEP_TIME_KEY]:.2f}"
             self._bar.set_postfix(postfix, refresh=False)
             self._bar.update(1)
+
+    def log_samples(self, step: int, samples: list[Mapping[str, Any]]) -> None:
+        """Every ``logging.samples_every`` steps: sample completions with their rewards, one JSON line each in
+        ``samples.jsonl`` and one Markdown table as TensorBoard text (tag ``samples``)."""
+        every = self.cfg.samples_every
+        if not self.enabled or not every or step % every or not samples:
+            return
+        flat = [{key: _scalar(value) for key, value in flatten(sample).items()} for sample in samples]
+        with open(self.output_dir / SAMPLES_FILE, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps({"step": step, **sample}, ensure_ascii=False) + "\n" for sample in flat)
+        if self._tensorboard is not None:
+            rows = ["| record | thought | answer | reward |", "|---|---|---|---|"]
+            for sample in flat:
+                cells = [sample.get("record", ""), sample.get("thought", ""), sample.get("answer", "")]
+                cells = [str(c).replace("|", "\\|").replace("\n", " ") for c in cells]
+                rows.append(f"| {' | '.join(cells)} | {sample.get('reward')} |")
+            self._tensorboard.add_text("samples", "\n".join(rows), step)
+            self._tensorboard.flush()
 
     def close(self) -> None:
         for closer in (self._bar, self._tensorboard, self._jsonl):

@@ -6,7 +6,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +27,15 @@ class ConvertError(DataError):
 @dataclass(frozen=True)
 class ConvertInputs:
     """What every converter gets: the file or folder the user named, where its images are (None: the format's
-    default places next to it), and the output folder (for files a format derives, e.g. binary masks)."""
+    default places next to it), and the output folder (for files a format derives, e.g. binary masks).
+    Column-mapped formats (parquet) also get the task, the ``name -> column`` fields and the box format."""
 
     source: Path
     image_root: Path | None
     output_dir: Path
+    task: str | None = None
+    fields: dict[str, str] = field(default_factory=dict)
+    box_format: str = "xyxy"
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,12 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Format:
-    """One public format: its converter (``module:function``) and, for ``--help``, what INPUT is."""
+    """One public format: its converter (``module:function``), for ``--help`` what INPUT is, and whether the
+    user maps its columns (``--task``, ``--field``, ``--box-format``)."""
 
     converter: str
     reads: str
+    column_mapped: bool = False
 
 
 FORMATS: dict[str, Format] = {
@@ -37,6 +39,12 @@ FORMATS: dict[str, Format] = {
     "where2place": Format(
         "vlm_grpoma.datasets.converters.where2place:convert_where2place",
         "Where2Place folder -> affordance with masks",
+    ),
+    "parquet": Format(
+        "vlm_grpoma.datasets.converters.parquet:convert_parquet",
+        "parquet file or folder (e.g. a Hugging Face datasets download) -> any grounding task, columns "
+        "named with --task and --field",
+        column_mapped=True,
     ),
 }
 

@@ -1,0 +1,220 @@
+"""Parquet tables (a Hugging Face ``datasets`` download, or your own) -> records, by naming the columns.
+
+Input: a ``.parquet`` file or a folder searched for them (the hub layout ``data/train-00000-of-00002.parquet``).
+Which column holds what is given with ``--field NAME=COLUMN``:
+
+- ``image`` (default ``image``): a hub ``Image`` column (``{"bytes", "path"}``; bytes are written to
+  ``<output>/images/``), raw image bytes, or a path relative to ``--image-root`` (default: the parquet's folder);
+- ``prompt`` (required): the referring expression or instruction;
+- the ground truth of ``--task``: ``boxes`` (detection, affordance), ``points`` (affordance) or ``trajectory``;
+  a value is a list of numbers (one box / point), a list of them, objects with ``bbox_2d`` / ``point_2d``, or
+  that as a JSON string;
+- optional ``id``, ``split`` (default: the file name's split, ``testA-00000-of-00001.parquet`` -> ``testA``,
+  else ``train``) and ``label`` (the label of every box of the row).
+
+Coordinates are pixels, or fractions of the image size when every value of a row lies in [0, 1]; boxes are
+``[x1, y1, x2, y2]`` unless ``--box-format xywh`` (COCO). Needs pyarrow: ``pip install 'vlm-grpoma[parquet]'``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from vlm_grpoma.answers import Box, Boxes, Points, Trajectory
+from vlm_grpoma.datasets.converters.common import (
+    Converted,
+    ConvertError,
+    ConvertInputs,
+    checked_image_size,
+    to_pixels,
+)
+from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.errors import MissingDependencyError
+
+#: The ground-truth field names each task takes from a column.
+GROUND_TRUTH_FIELDS: dict[str, tuple[str, ...]] = {
+    "detection": ("boxes",),
+    "affordance": ("points", "boxes"),
+    "trajectory": ("trajectory",),
+}
+FIELDS = ("image", "prompt", "id", "split", "label", "boxes", "points", "trajectory")
+_HUB_SHARD = re.compile(r"^(?P<split>.+?)-\d{5}-of-\d{5}$")
+_BATCH_ROWS = 256
+
+
+def _pyarrow_parquet() -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MissingDependencyError(
+            "--from parquet needs pyarrow: pip install 'vlm-grpoma[parquet]' (or pip install pyarrow)"
+        ) from None
+    return pq
+
+
+def parquet_files(source: Path) -> list[Path]:
+    files = sorted(source.rglob("*.parquet")) if source.is_dir() else [source]
+    if not files:
+        raise ConvertError(f"{source}: no .parquet files in this folder or below it")
+    return files
+
+
+def split_of_file(path: Path) -> str:
+    """The split a hub shard name carries (``val-00000-of-00001.parquet`` -> ``val``), else ``train``."""
+    match = _HUB_SHARD.match(path.stem)
+    return match.group("split") if match else "train"
+
+
+def _numbers(value: Any, where: str) -> list:
+    """A JSON string decoded; anything else as is."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            raise ConvertError(f"{where}: not JSON: {value[:80]!r}") from None
+    return value
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _items(value: Any, key: str, size: int, where: str) -> list[tuple[list[float], str]]:
+    """(coordinates, label) per item: ``[n, ...]`` is one item, ``[[n, ...], ...]`` or ``[{key: [...]}, ...]``
+    several."""
+    value = _numbers(value, where)
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise ConvertError(f"{where}: expected a non-empty list, got {json.dumps(value)[:80]}")
+    if all(_is_number(v) for v in value):
+        value = [value]
+    items = []
+    for i, item in enumerate(value):
+        label = ""
+        if isinstance(item, dict):
+            label = item.get("label", "") if isinstance(item.get("label", ""), str) else ""
+            item = item.get(key, item.get(key.removesuffix("_2d")))
+        if not isinstance(item, list) or len(item) != size or not all(_is_number(v) for v in item):
+            raise ConvertError(f"{where}: item {i} must be {size} numbers, got {json.dumps(item)[:80]}")
+        items.append(([float(v) for v in item], label))
+    return items
+
+
+def parse_boxes(
+    value: Any, width: int, height: int, box_format: str, label: str, where: str
+) -> tuple[Boxes, bool]:
+    """Boxes in pixels (xywh turned into corners, scaled when normalised) and whether they were normalised."""
+    items, corners = _items(value, "bbox_2d", 4, where), []
+    for (x1, y1, a, b), _ in items:
+        x2, y2 = (x1 + a, y1 + b) if box_format == "xywh" else (a, b)
+        corners += [(x1, y1), (x2, y2)]
+    pixels, normalised = to_pixels(corners, width, height, where)  # clipped within 1 px of the border
+    boxes = []
+    for i, (_, own_label) in enumerate(items):
+        (x1, y1), (x2, y2) = pixels[2 * i], pixels[2 * i + 1]
+        if x2 <= x1 or y2 <= y1:
+            raise ConvertError(f"{where}: box {i} [{x1:g}, {y1:g}, {x2:g}, {y2:g}] has no area")
+        boxes.append(Box(x1, y1, x2, y2, label or own_label))
+    return Boxes(tuple(boxes)), normalised
+
+
+def _image_of(value: Any, row_id: str, inputs: ConvertInputs, folder: Path, where: str) -> Path:
+    """The image file of a row; embedded bytes are written to ``<output>/images/<id>.<ext>`` first."""
+    if isinstance(value, dict):
+        value = value.get("bytes") or value.get("path")
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            with Image.open(io.BytesIO(value)) as img:
+                ext = (img.format or "png").lower().replace("jpeg", "jpg")
+        except (OSError, SyntaxError, ValueError) as err:
+            raise ConvertError(f"{where}: image bytes do not decode: {err}") from None
+        path = inputs.output_dir / "images" / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', row_id)}.{ext}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(bytes(value))
+        return path
+    if isinstance(value, str) and value:
+        return (inputs.image_root or folder) / value
+    raise ConvertError(
+        f"{where}: image must be bytes, a hub Image value or a path, got {type(value).__name__}"
+    )
+
+
+def _column(row: dict, fields: dict[str, str], name: str, where: str) -> Any:
+    value = row.get(fields[name])
+    if value is None:
+        raise ConvertError(f"{where}: column {fields[name]!r} ({name}) is empty")
+    return value
+
+
+def convert_parquet(inputs: ConvertInputs) -> Converted:
+    """Records of ``inputs.task`` from every row of the parquet file(s); counts per file and normalised rows."""
+    pq = _pyarrow_parquet()
+    task = inputs.task
+    if task not in GROUND_TRUTH_FIELDS:
+        raise ConvertError(
+            f"--task: the parquet reader makes {', '.join(GROUND_TRUTH_FIELDS)} records; got {task!r}"
+        )
+    fields = {"image": "image", **inputs.fields}
+    unknown = sorted(set(fields) - set(FIELDS))
+    if unknown:
+        raise ConvertError(f"--field {unknown[0]}: unknown; fields are {', '.join(FIELDS)}")
+    truth = [name for name in GROUND_TRUTH_FIELDS[task] if name in fields]
+    if "prompt" not in fields or len(truth) != 1:
+        raise ConvertError(
+            f"--field: {task} needs prompt=COLUMN and one of {', '.join(f'{n}=COLUMN' for n in GROUND_TRUTH_FIELDS[task])}"
+        )
+    truth_name = truth[0]
+    records, counts = [], {"rows": 0, "normalised": 0}
+    for file in parquet_files(inputs.source):
+        table = pq.ParquetFile(file)
+        columns = table.schema_arrow.names
+        missing = [f"{name}={column}" for name, column in fields.items() if column not in columns]
+        if missing:
+            raise ConvertError(f"{file}: no column for --field {missing[0]}; columns: {', '.join(columns)}")
+        row_index = 0
+        for batch in table.iter_batches(batch_size=_BATCH_ROWS, columns=sorted(set(fields.values()))):
+            for row in batch.to_pylist():
+                where = f"{file}: row {row_index}"
+                row_id = str(row[fields["id"]]) if "id" in fields else f"{file.stem}-{row_index:06d}"
+                where += f" (id {row_id})"
+                row_index += 1
+                prompt = _column(row, fields, "prompt", where)
+                if not isinstance(prompt, str) or not prompt.strip():
+                    raise ConvertError(f"{where}: prompt must be non-empty text, got {prompt!r}")
+                image = _image_of(_column(row, fields, "image", where), row_id, inputs, file.parent, where)
+                width, height = checked_image_size(image, where)
+                value = _column(row, fields, truth_name, where)
+                if truth_name == "boxes":
+                    label = str(row[fields["label"]]) if "label" in fields else ""
+                    ground_truth, normalised = parse_boxes(
+                        value, width, height, inputs.box_format, label, where
+                    )
+                else:
+                    points = [c for c, _ in _items(value, "point_2d", 2, where)]
+                    pixels, normalised = to_pixels([tuple(p) for p in points], width, height, where)
+                    if truth_name == "trajectory" and len(pixels) < 2:
+                        raise ConvertError(f"{where}: a trajectory needs at least 2 points")
+                    ground_truth = (Trajectory if truth_name == "trajectory" else Points)(tuple(pixels))
+                counts["rows"] += 1
+                counts["normalised"] += normalised
+                records.append(
+                    Record(
+                        id=row_id,
+                        image=str(image),
+                        task=task,
+                        prompt=prompt.strip(),
+                        width=width,
+                        height=height,
+                        ground_truth=ground_truth,
+                        split=str(row[fields["split"]]) if "split" in fields else split_of_file(file),
+                        meta={"source": "parquet", "file": file.name, "row": row_index - 1},
+                    )
+                )
+    return Converted(records, counts)

@@ -1,0 +1,140 @@
+"""A checkpoint made ready for evaluation (``eval``, ``manip-eval``): its model folder, the run config it was
+trained with, the model on the available accelerator, and the rollout backend that config names.
+
+``--checkpoint`` may be a run folder (its newest complete checkpoint), a ``checkpoints/step-N`` folder or the
+``model/`` folder inside one, full weights or a LoRA adapter. Without ``--config`` the run's saved
+``<output_dir>/config.yaml`` is found from the checkpoint's path, so the evaluated model sees the pixel bounds,
+prompt style, dtype and token budgets it was trained with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from vlm_grpoma.config import Config, load_config
+from vlm_grpoma.errors import CheckpointError
+
+#: The resolved config a run writes into its output folder.
+RUN_CONFIG = "config.yaml"
+#: The layout the trainer writes: <run>/checkpoints/step-NNNNNNNN/{model/, checkpoint.json (written last)}.
+_CHECKPOINTS, _COMPLETE, _MODEL_DIR = "checkpoints", "checkpoint.json", "model"
+
+
+def model_folder(checkpoint: str | Path) -> Path:
+    """The Hugging Face folder to load for ``checkpoint`` (run folder, step folder or model folder)."""
+    path = Path(checkpoint)
+    if not path.is_dir():
+        raise CheckpointError(f"--checkpoint {path}: not a folder")
+    if (path / _CHECKPOINTS).is_dir():
+        complete = sorted(p.parent for p in (path / _CHECKPOINTS).glob(f"step-*/{_COMPLETE}"))
+        if not complete:
+            raise CheckpointError(f"--checkpoint {path}: a run folder without a complete checkpoint")
+        path = complete[-1]  # step numbers are zero-padded: the last name is the newest
+    if (path / _MODEL_DIR).is_dir() and (path / _COMPLETE).is_file():
+        path = path / _MODEL_DIR
+    if not any((path / name).is_file() for name in ("config.json", "adapter_config.json")):
+        raise CheckpointError(
+            f"--checkpoint {path}: neither a model folder (config.json) nor a LoRA adapter "
+            "(adapter_config.json); name a run, a checkpoints/step-N folder or its model/ folder"
+        )
+    return path
+
+
+def run_config_path(model_dir: str | Path) -> Path | None:
+    """The ``config.yaml`` saved with ``model_dir``: beside it, in its step folder, or in the output folder of
+    the run that wrote it (``<run>/checkpoints/step-N/model``); None when there is none."""
+    folder = Path(model_dir).resolve()
+    candidates = [folder]
+    if folder.name == _MODEL_DIR:
+        candidates.append(folder.parent)
+        if folder.parent.parent.name == _CHECKPOINTS:
+            candidates.append(folder.parent.parent.parent)
+    for candidate in candidates:
+        if (candidate / RUN_CONFIG).is_file():
+            return candidate / RUN_CONFIG
+    return None
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """The config an evaluation uses and where it came from (printed, and written into the results)."""
+
+    config: Config
+    source: str
+
+
+def eval_config(
+    model_dir: Path, config_path: str | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> EvalConfig:
+    """``--config`` when given, else the run's saved config found from ``model_dir``, else the defaults;
+    ``key=value`` overrides apply to whichever is used."""
+    if config_path:
+        return EvalConfig(load_config(config_path, overrides), f"{config_path} (--config)")
+    found = run_config_path(model_dir)
+    if found is not None:
+        return EvalConfig(load_config(found, overrides), f"{found} (the run's saved config)")
+    return EvalConfig(
+        load_config(None, overrides),
+        f"the defaults (no --config and no {RUN_CONFIG} above {model_dir}): pixel bounds, prompt style "
+        "and token budgets may differ from training",
+    )
+
+
+def accelerator() -> Any:
+    """This process's GPU when there is one (``LOCAL_RANK`` under a launcher), else the CPU."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+@dataclass
+class EvalModel:
+    """A loaded checkpoint: the model (eval mode, on ``device``), its adapter and the rollout engine."""
+
+    model: Any
+    adapter: Any
+    rollout: Any
+    device: Any
+    model_dir: Path
+    base: str  # the full model at the bottom of a LoRA adapter chain ('' for full weights)
+
+    def describe(self) -> str:
+        kind = f"LoRA adapter on {self.base}" if self.base else "full weights"
+        return f"{self.model_dir} ({kind}) on {self.device}"
+
+
+def load_for_eval(model_dir: str | Path, config: Config) -> EvalModel:
+    """Load ``model_dir`` with ``config.model``'s settings (adapters merged), move it to the accelerator and
+    build ``rollout.backend``'s engine for it (vLLM starts from the full base and takes the merged weights)."""
+    from vlm_grpoma.models.loading import load_model
+    from vlm_grpoma.models.sources import adapter_chain
+    from vlm_grpoma.rollout.backends import build_rollout_engine
+
+    model_dir = Path(model_dir)
+    chain = adapter_chain(model_dir)
+    loaded = load_model(replace(config.model, name_or_path=str(model_dir)))
+    device = accelerator()
+    model = loaded.model.to(device).eval()
+    engine_config = replace(config, model=replace(config.model, name_or_path=chain.base))
+    rollout = build_rollout_engine(engine_config, model, loaded.adapter)
+    return EvalModel(
+        model, loaded.adapter, rollout, device, model_dir, chain.base if chain.is_adapter else ""
+    )
+
+
+__all__ = [
+    "RUN_CONFIG",
+    "EvalConfig",
+    "EvalModel",
+    "accelerator",
+    "eval_config",
+    "load_for_eval",
+    "model_folder",
+    "run_config_path",
+]
