@@ -22,7 +22,10 @@ def wilson_interval(successes: int, episodes: int, z: float = Z_95) -> tuple[flo
     p = successes / episodes
     centre = (p + z * z / (2 * episodes)) / (1 + z * z / episodes)
     half = z / (1 + z * z / episodes) * math.sqrt(p * (1 - p) / episodes + z * z / (4 * episodes * episodes))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # at 0 % (100 %) the bound is exactly 0 (1); the formula leaves a rounding residue there
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)
+    hi = 1.0 if successes == episodes else min(1.0, centre + half)
+    return lo, hi
 
 
 def rate_row(successes: int, episodes: int, on_part_successes: int, on_part_episodes: int) -> dict:

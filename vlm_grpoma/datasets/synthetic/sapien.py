@@ -94,10 +94,10 @@ def generate(
             f"--split {split!r} is not a SAPIEN split; choose train (seen categories, training "
             "instances), seen (held-out instances) or unseen (held-out categories)"
         )
+    episodes = _episodes(n, seed, split, assets, split_file, protocol)
     ok, reason = rendering_status(in_process=True)
     if not ok:
         raise CommandError(f"SAPIEN records need rendered images but rendering is unavailable: {reason}")
-    episodes = _episodes(n, seed, split, assets, split_file, protocol)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "records.jsonl"
