@@ -3,7 +3,8 @@
 ``simple`` (procedural objects, the training default): parts ignore gravity (as if counterbalanced), the
 collision-free suction gripper starts at the contact and pulls back 0.3 along ``up``. ``manipllm`` follows
 ManipLLM's public test code (``test/test_one_stick_clean.py``, ``test/env_ori.py``): gravity on every part,
-joints with damping 10 and no friction, friction 4 on object and gripper, 20 solver iterations, a gripper
+joints with damping 10 and no friction, friction 4 on object and gripper, 20 solver iterations, an arm of up
+to 400 N (ManipLLM's gripper joints are driven at 1000 N/m with no force limit), a gripper
 with the Panda hand's collision boxes (scaled 1.2 as ManipLLM loads it) that starts 0.15 back along ``up``,
 approaches to 0.10 (its closed fingertips reach 0.134, so they press on the surface), attaches by suction
 and pulls back to 0.5; images show the object on white. Both judge success with ManipLLM's test rule.
@@ -36,6 +37,7 @@ class Protocol:
     hold_steps: int
     move_steps: int
     settle_steps: int
+    max_force: float  # newtons the arm may apply
     background: tuple[int, int, int] | None = None  # RGB behind the object in rendered images
     rule: SuccessRule = TEST_RULE
 
@@ -57,6 +59,7 @@ SIMPLE = Protocol(
     hold_steps=0,
     move_steps=150,
     settle_steps=40,
+    max_force=150.0,
 )
 MANIPLLM = Protocol(
     "manipllm",
@@ -71,6 +74,7 @@ MANIPLLM = Protocol(
     hold_steps=10,
     move_steps=180,
     settle_steps=40,
+    max_force=400.0,  # ManipLLM's arm: joint drives of 1000 N/m over its 0.4 pull, no force limit
     background=(255, 255, 255),  # ManipLLM composites its renders on white
 )
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (SIMPLE, MANIPLLM)}

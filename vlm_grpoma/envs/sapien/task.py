@@ -116,7 +116,7 @@ class ExecConfig:
     move_steps: int | None = None  # the protocol's when None
     max_steps: int = 400  # per-episode step limit (approach, move and settle are cut to it)
     timeout_s: float = 10.0  # wall-clock limit per episode
-    max_force: float = 150.0  # newtons the arm may apply
+    max_force: float | None = None  # newtons the arm may apply; the protocol's when None
 
 
 DEFAULT_EXEC = ExecConfig()
@@ -226,7 +226,7 @@ def _run(
         built,
         hit.point - approach * start_d,
         approach,
-        config.max_force,
+        config.max_force if config.max_force is not None else protocol.max_force,
         forward=forward if protocol.gripper_collision else None,  # a bare suction point has no roll
         collision=protocol.gripper_collision,
         material=protocol.material,
