@@ -16,6 +16,7 @@ DESIGN_COMMANDS = {
     "eval",
     "manip-eval",
     "make-data",
+    "make-assets",
     "convert",
     "make-tiny-model",
     "env",
