@@ -1,24 +1,36 @@
 """SAPIEN simulator throughput: physics episodes/s per worker and through the pool, rendered frames/s.
 
-    .venv/bin/python benchmarks/sim.py [--episodes 120] [--workers 2] [--frames 20]
+    .venv/bin/python benchmarks/sim.py [--episodes 120] [--workers 2] [--frames 20] [--assets 60]
 
-Episodes are full oracle pull episodes (scene build + raycast + 190 physics steps), the expensive case: most
-random actions miss the object and return after the raycast. Also saves a rendered example with the oracle
-contact marked under <cache>/examples/ where rendering works. Target: >= 30 physics episodes/s per core.
+Episodes are full oracle pull episodes, the expensive case (most random actions miss the object and return
+after the raycast): procedural objects under the simple protocol (scene build + raycast + 190 physics
+steps), and generated PartNet-Mobility-format objects under the manipllm protocol (URDF + OBJ meshes loaded,
+gravity, 260 steps with the hand's collision boxes), whose ManipLLM-style sampling (settling, affordance
+search, demonstration) is timed too, as is loading them with each collision mode. Also saves a rendered
+example with the oracle contact marked under <cache>/examples/ where rendering works. Target: >= 30 physics
+episodes/s per core.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
+from pathlib import Path
 
 from PIL import Image, ImageDraw
 
 from vlm_grpoma.cache import cache_dir
 from vlm_grpoma.envs.sapien.camera import render
+from vlm_grpoma.envs.sapien.manipllm import sample_asset_episode
+from vlm_grpoma.envs.sapien.partnet import scan_assets
+from vlm_grpoma.envs.sapien.partnet_export import generate_assets
 from vlm_grpoma.envs.sapien.pool import SimPool
+from vlm_grpoma.envs.sapien.protocol import MANIPLLM
+from vlm_grpoma.envs.sapien.scene import build_urdf_scene
 from vlm_grpoma.envs.sapien.task import execute, prepare, sample_split_episode
+from vlm_grpoma.envs.sapien.urdf import COLLISION_MODES
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
 from vlm_grpoma.eval.manipulation import random_action
 
@@ -33,20 +45,54 @@ def rate(count: int, seconds: float) -> str:
     return f"{count / seconds:8.1f}/s ({count} in {seconds:.2f} s)"
 
 
-def bench_physics(eps: list) -> None:
+def bench_physics(eps: list, label: str = "") -> None:
     start, cpu = time.perf_counter(), time.process_time()
     outcomes = [execute(spec, oracle) for spec, oracle in eps]
     print(
-        f"physics, 1 worker, oracle episodes : {rate(len(eps), time.perf_counter() - start)}; "
+        f"physics{label}, 1 worker, oracle episodes : {rate(len(eps), time.perf_counter() - start)}; "
         f"success {sum(o.success for o in outcomes)}/{len(eps)}; "
         f"{len(eps) / (time.process_time() - cpu):.1f}/s per CPU-second"
     )
     start = time.perf_counter()
     outcomes = [execute(spec, random_action(spec, 0, i)) for i, (spec, _) in enumerate(eps)]
     print(
-        f"physics, 1 worker, random actions  : {rate(len(eps), time.perf_counter() - start)}; "
+        f"physics{label}, 1 worker, random actions  : {rate(len(eps), time.perf_counter() - start)}; "
         f"success {sum(o.success for o in outcomes)}/{len(eps)}"
     )
+
+
+def bench_assets(count: int) -> None:
+    """The manipllm protocol on generated PartNet-Mobility-format objects, and the collision modes' cost."""
+    with tempfile.TemporaryDirectory() as root:
+        generate_assets(root, max(1, count // 12), seed=0)
+        assets = scan_assets(root)
+        start, cpu = time.perf_counter(), time.process_time()
+        eps = []
+        for i in range(count):
+            try:
+                eps.append(sample_asset_episode(assets[i % len(assets)], i))
+            except RuntimeError:
+                pass
+        print(
+            f"manipllm sampling (settle, affordance, demonstration): {rate(len(eps), time.perf_counter() - start)};"
+            f" {len(eps) / (time.process_time() - cpu):.1f}/s per CPU-second; {count - len(eps)} dropped"
+        )
+        bench_physics(eps, " (manipllm, PartNet-format)")
+        for mode in COLLISION_MODES:
+            if mode == "coacd" and __import__("importlib").util.find_spec("coacd") is None:
+                print("collision coacd: not measured (the coacd package is not installed)")
+                continue
+            start = time.perf_counter()
+            shapes = 0
+            for spec, _ in eps:
+                built = build_urdf_scene(Path(spec.urdf), protocol=MANIPLLM, scale=spec.scale, collision=mode)
+                shapes += sum(len(c.collision_shapes) for c in built.link_components.values())
+                for _ in range(260):
+                    built.scene.step()
+            print(
+                f"collision {mode:7s}: load + 260 steps {1000 * (time.perf_counter() - start) / len(eps):.1f} ms "
+                f"per object, {shapes / len(eps):.1f} convex shapes per object"
+            )
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -105,6 +151,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=120)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--frames", type=int, default=20)
+    parser.add_argument("--assets", type=int, default=60, help="manipllm episodes on generated assets")
     args = parser.parse_args()
     print(
         f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (other processes slow the pool)"
@@ -114,6 +161,7 @@ def main() -> None:
     print(f"sampling episodes (camera search)  : {rate(len(eps), time.perf_counter() - start)}")
     bench_physics(eps)
     bench_pool(eps, args.workers)
+    bench_assets(args.assets)
     bench_render(args.frames)
 
 

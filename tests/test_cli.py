@@ -16,6 +16,7 @@ EXPECTED_COMMANDS = {
     "eval",
     "manip-eval",
     "make-data",
+    "make-assets",
     "convert",
     "check-data",
     "make-tiny-model",

@@ -72,3 +72,23 @@ def test_all_malformed_needs_no_simulator():
     r = ManipulationReward(workers=1)
     result = r.score([Completion(ParseError("bad_json"))], [_record(0)[0]])
     assert result.total == [0.0] and r._pool is None
+
+
+def test_records_execute_under_their_own_protocol(reward, tmp_path):
+    """A record made on a PartNet-Mobility object under manipllm is scored under manipllm (gravity, approach):
+    its demonstration succeeds, and the same answer run under the simple protocol behaves differently."""
+    from vlm_grpoma.envs.sapien.manipllm import sample_asset_episode
+    from vlm_grpoma.envs.sapien.partnet import scan_assets
+    from vlm_grpoma.envs.sapien.partnet_export import generate_assets
+    from vlm_grpoma.envs.sapien.task import EpisodeSpec, execute
+
+    generate_assets(tmp_path, 1, categories=("box_lid",))
+    spec, demo = sample_asset_episode(scan_assets(tmp_path)[0], 2)
+    record, _ = _record(0)
+    record = replace(record, id="asset-0", meta=spec.to_meta(), ground_truth=demo)
+    result = reward.score([Completion(demo)], [record])
+    assert result.total == [1.0] and EpisodeSpec.from_meta(record.meta).protocol == "manipllm"
+    direct = execute(spec, demo)
+    assert result.components["joint_progress"][0] == direct.progress
+    simple = execute(replace(spec, protocol="simple"), demo)
+    assert simple.progress != direct.progress

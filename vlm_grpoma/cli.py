@@ -85,21 +85,42 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _asset_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--assets",
+        default=None,
+        help="a folder of PartNet-Mobility objects (<id>/mobility.urdf, meta.json, semantics.txt, "
+        "mobility_v2.json); default: procedural objects",
+    )
+    p.add_argument(
+        "--split-file",
+        default=None,
+        help="seen/unseen category split of --assets (JSON); default: ManipLLM's, shipped with the package",
+    )
+    p.add_argument(
+        "--protocol",
+        choices=("manipllm", "simple"),
+        default=None,
+        help="how actions are executed and judged; default: manipllm with --assets, simple without",
+    )
+
+
 def _manip_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy",
         choices=("model", "oracle", "random"),
         required=True,
-        help="model: a checkpoint's greedy answers; oracle: the handle contact (upper bound); random: a "
+        help="model: a checkpoint's greedy answers; oracle: the demonstrated contact (upper bound); random: a "
         "uniform pixel (chance level)",
     )
     p.add_argument(
         "--split",
-        choices=("seen", "unseen"),
-        required=True,
-        help="seen: held-out instances of the training categories; unseen: held-out categories",
+        choices=("seen", "unseen", "all"),
+        default="all",
+        help="seen: held-out instances of the training categories; unseen: held-out categories; all: both",
     )
-    p.add_argument("--episodes", type=int, default=100, help="episodes, spread round-robin over categories")
+    p.add_argument("--episodes", type=int, default=100, help="episodes per split, round-robin over categories")
+    _asset_args(p)
     p.add_argument("--out", required=True, help="result JSON path (a .md table and a .png grid beside it)")
     p.add_argument("--checkpoint", default="", help=_checkpoint_help("for --policy model"))
     _eval_config_args(p)
@@ -127,6 +148,14 @@ def _make_data_args(p: argparse.ArgumentParser) -> None:
         help="shapes only: easy = 112px, one or two shapes (the CPU demo's level); relational = 112px, 3-6 "
         "shapes, a prompt that needs all of them and a reference thought that decides (detection)",
     )
+    _asset_args(p)
+
+
+def _make_assets_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output folder (one <id>/ folder per object)")
+    p.add_argument("--per-category", type=int, default=5, help="objects per procedural category")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--categories", nargs="+", default=None, help="procedural categories (default: all)")
 
 
 def _convert_args(p: argparse.ArgumentParser) -> None:
@@ -238,6 +267,12 @@ COMMANDS: tuple[Command, ...] = (
         "write a synthetic dataset (JSONL + images)",
         "vlm_grpoma.datasets.synthetic:main",
         _make_data_args,
+    ),
+    Command(
+        "make-assets",
+        "write procedural objects as PartNet-Mobility folders (for manip-eval/make-data --assets)",
+        "vlm_grpoma.envs.sapien.partnet_export:main",
+        _make_assets_args,
     ),
     Command(
         "convert",

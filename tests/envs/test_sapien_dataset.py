@@ -10,6 +10,7 @@ from vlm_grpoma.answers import Boxes, ContactAction, Trajectory
 from vlm_grpoma.datasets.jsonl import read_records
 from vlm_grpoma.datasets.schema import MaskRef
 from vlm_grpoma.datasets.synthetic import sapien as sapien_data
+from vlm_grpoma.envs.sapien.partnet import display_name
 from vlm_grpoma.envs.sapien.task import EpisodeSpec, execute
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
 from vlm_grpoma.errors import CommandError
@@ -65,3 +66,34 @@ def test_bad_split_and_missing_renderer_are_clear(tmp_path, monkeypatch):
     monkeypatch.setattr(sapien_data, "rendering_status", lambda in_process: (False, "no Vulkan ICD here"))
     with pytest.raises(CommandError, match="no Vulkan ICD here"):
         sapien_data.generate("detection", 1, tmp_path, 0, "train")
+
+
+@pytest.mark.slow
+def test_asset_records_follow_manipllm(generated_assets, tmp_path):
+    ok, reason = rendering_status(in_process=True)
+    if not ok:
+        pytest.skip(f"Vulkan rendering unavailable: {reason}")
+    assets = generated_assets[0].folder.parent
+    path = sapien_data.generate("manipulation", 2, tmp_path, 3, "unseen", assets=assets)
+    records = read_records(path)
+    assert len(records) == 2
+    for record in records:
+        spec = EpisodeSpec.from_meta(record.meta)
+        assert spec.protocol == "manipllm" and spec.urdf.startswith(str(assets)) and record.split == "unseen"
+        assert spec.category in {"Toilet", "Table", "WashingMachine", "Oven"}
+        assert f"open the {display_name(spec.category)} by pulling its {spec.target_label}" in record.prompt
+        image = np.asarray(Image.open(tmp_path / record.image))
+        assert image[0, 0].tolist() == [255, 255, 255] and image.std() > 5  # white around the object
+        assert execute(spec, record.ground_truth).success  # ManipLLM's demonstration, replayed
+
+
+def test_asset_options_are_checked_before_writing(generated_assets, tmp_path):
+    assets = generated_assets[0].folder.parent
+    (tmp_path / "records.jsonl").write_text("keep me\n")
+    with pytest.raises(CommandError, match="--assets"):
+        sapien_data.generate("manipulation", 1, tmp_path, 0, "seen", protocol="manipllm")
+    empty = tmp_path / "split.json"
+    empty.write_text('{"seen": ["Chair"], "unseen": ["Clock"]}')
+    with pytest.raises(CommandError, match="no seen objects"):
+        sapien_data.generate("manipulation", 1, tmp_path, 0, "seen", assets=assets, split_file=empty)
+    assert (tmp_path / "records.jsonl").read_text() == "keep me\n"

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from vlm_grpoma.envs.sapien.objects import (
+    ASSET_ONLY_CATEGORIES,
     GENERATORS,
     HELD_OUT_SEED_START,
     SEEN_CATEGORIES,
@@ -24,7 +25,8 @@ LABELS = {"body", "drawer", "door", "lid", "screen", "handle"}
 def test_categories_and_splits():
     assert len(SEEN_CATEGORIES) >= 6 and len(UNSEEN_CATEGORIES) >= 4
     assert not set(SEEN_CATEGORIES) & set(UNSEEN_CATEGORIES)
-    assert set(SEEN_CATEGORIES) | set(UNSEEN_CATEGORIES) == set(GENERATORS)
+    assert set(SEEN_CATEGORIES) | set(UNSEEN_CATEGORIES) | set(ASSET_ONLY_CATEGORIES) == set(GENERATORS)
+    assert not (set(SEEN_CATEGORIES) | set(UNSEEN_CATEGORIES)) & set(ASSET_ONLY_CATEGORIES)
     assert split_categories("train") == split_categories("seen") == SEEN_CATEGORIES
     assert split_categories("unseen") == UNSEEN_CATEGORIES
     train = {instance_seed("train", i, 0) for i in range(200)}

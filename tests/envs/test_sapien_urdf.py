@@ -11,14 +11,15 @@ from vlm_grpoma.envs.sapien.camera import raycast, raycast_image
 from vlm_grpoma.envs.sapien.objects import make_object
 from vlm_grpoma.envs.sapien.scene import build_scene
 from vlm_grpoma.envs.sapien.task import EpisodeSpec, execute, prepare, sample_episode, sample_urdf_episode
-from vlm_grpoma.envs.sapien.urdf import joint_frictions, strip_visuals, to_urdf
+from vlm_grpoma.envs.sapien.urdf import joint_frictions, prepare_urdf, to_urdf
 
 
 @pytest.mark.parametrize("category,seed", [("drawer_cabinet", 3), ("trash_can", 8), ("refrigerator", 2)])
 def test_urdf_round_trip_matches_direct_build(category, seed):
     obj = make_object(category, seed)
     text = to_urdf(obj)
-    assert "<visual" in text and "<visual" not in strip_visuals(text) and "<collision" in strip_visuals(text)
+    physics_only = prepare_urdf(text, render=False)
+    assert "<visual" in text and "<visual" not in physics_only and "<collision" in physics_only
     assert joint_frictions(text) == pytest.approx({link.name: link.joint.friction for link in obj.movable})
     direct, loaded = build_scene(obj), build_scene(obj, via_urdf=True)
     assert direct.joint_index == loaded.joint_index

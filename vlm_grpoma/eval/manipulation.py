@@ -1,12 +1,22 @@
-"""``vlm-grpoma manip-eval``: manipulation success per category on seen or unseen objects.
+"""``vlm-grpoma manip-eval``: manipulation success per category on seen and unseen objects, reported as the
+literature reports it.
 
-Episodes are sampled deterministically from ``--seed`` (categories round-robin, held-out instances for
-``seen``, held-out categories for ``unseen``), the policy proposes one ContactAction per episode, and the
-simulator pool executes them. Policies: ``oracle`` (contact on the target's handle, pull along the joint's
-opening direction), ``random`` (uniform pixel, isotropic directions) and ``model`` (greedy answer of
-``--checkpoint`` on the episode's rendered image, saved under ``<out stem>_images/``). Writes ``--out`` (JSON), the same name with ``.md`` (Markdown table) and,
-where rendering works, ``.png`` (a grid of images with the predicted contacts, green = success).
-Aggregates are sample-weighted over categories, as ManipLLM reports them.
+Objects: procedural (the default: the seen categories' held-out instances and the unseen categories of
+``envs.sapien.objects``) or, with ``--assets DIR``, PartNet-Mobility folders split by category with
+``--split-file`` (default: ManipLLM's lists, shipped with the package): ``seen`` = test instances of seen
+categories, ``unseen`` = unseen categories. ``--protocol`` says how actions run (``envs.sapien.protocol``):
+``manipllm`` (the default with ``--assets``) or ``simple`` (the default, and the only choice, without).
+``--episodes`` per split, categories round-robin (objects round-robin within a category), episode seeds from
+``--seed``: the same command gives the same episodes with any number of workers.
+
+Policies: ``oracle`` (procedural: contact on the target's handle, pulled along the opening direction;
+``manipllm``: ManipLLM's successful demonstration), ``random`` (uniform pixel, isotropic directions) and
+``model`` (greedy answer of ``--checkpoint`` on the episode's rendered image, saved under
+``<out stem>_images/``). Writes ``--out`` (JSON), the same name with ``.md`` (Markdown table) and, where
+rendering works, ``.png`` (images with the predicted contacts, green = success). Per category: episodes,
+successes, success rate with its 95 % Wilson score interval, and the rate over answers whose contact hit a
+movable part (ManipLLM's test script drops the other answers from its denominator); then each split's
+sample-weighted aggregate (all its episodes pooled), as ManipLLM reports them.
 """
 
 from __future__ import annotations
@@ -22,15 +32,20 @@ import numpy as np
 
 from vlm_grpoma.answers import ContactAction, ParseError
 from vlm_grpoma.config import Config
-from vlm_grpoma.envs.sapien.camera import render
+from vlm_grpoma.envs.sapien.partnet import scan_assets
 from vlm_grpoma.envs.sapien.pool import SimPool
-from vlm_grpoma.envs.sapien.task import EpisodeSpec, Outcome, prepare
+from vlm_grpoma.envs.sapien.protocol import PROTOCOLS
+from vlm_grpoma.envs.sapien.splits import load_split, round_robin
+from vlm_grpoma.envs.sapien.task import EpisodeSpec, Outcome, render_episode
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
 from vlm_grpoma.errors import CommandError
 from vlm_grpoma.eval.loading import eval_config, model_folder
-from vlm_grpoma.eval.report import Tile, contact_grid, success_table
+from vlm_grpoma.eval.manipulation_report import INTERVAL, Tile, contact_grid, rate_row, success_table
 
 GRID_TILES = 12
+EVAL_SPLITS = ("seen", "unseen")
+#: failures that mean the answer's contact never reached a movable part (ManipLLM drops such answers)
+OFF_PART = ("invalid_action", "off_image", "off_object", "non_movable")
 
 
 def random_action(spec: EpisodeSpec, seed: int, index: int) -> ContactAction:
@@ -41,57 +56,88 @@ def random_action(spec: EpisodeSpec, seed: int, index: int) -> ContactAction:
     return ContactAction(point, tuple(float(v) for v in up), tuple(float(v) for v in forward))
 
 
-def sample_episodes(
-    pool: SimPool, split: str, episodes: int, seed: int
-) -> list[tuple[EpisodeSpec, ContactAction]]:
-    results = pool.map([("sample", (split, i, seed), {}) for i in range(episodes)])
-    for i, r in enumerate(results):
-        if not isinstance(r, tuple):
-            raise CommandError(f"could not sample episode {i} of split {split!r}: {r}")
-    return results
+def sample_split(
+    pool: SimPool, split: str, episodes: int, seed: int, assets=None, split_def=None, protocol: str = "simple"
+) -> tuple[list[tuple[EpisodeSpec, ContactAction]], int]:
+    """Episodes of a split and how many were dropped (asset objects with no successful demonstration)."""
+    if assets is None:
+        results = pool.map([("sample", (split, i, seed), {}) for i in range(episodes)])
+        for i, r in enumerate(results):
+            if not isinstance(r, tuple):
+                raise CommandError(f"could not sample episode {i} of split {split!r}: {r}")
+        return results, 0
+    chosen = round_robin(assets, split_def, split, episodes)
+    if not chosen:
+        raise CommandError(
+            f"no {split} objects among the assets: {split} categories are "
+            f"{', '.join(split_def.categories(split))} ({split_def.name} split)"
+        )
+    jobs = [
+        ("sample_asset", (str(a.folder), seed * 1_000_003 + i, protocol), {}) for i, a in enumerate(chosen)
+    ]
+    results = pool.map(jobs)
+    kept = [r for r in results if isinstance(r, tuple)]
+    return kept, len(results) - len(kept)
 
 
 def summarise(
-    policy: str, split: str, seed: int, specs: list[EpisodeSpec], actions: list, outcomes: list[Outcome]
+    policy: str,
+    seed: int,
+    specs: list[EpisodeSpec],
+    splits: list[str],
+    actions: list,
+    outcomes: list[Outcome],
 ) -> dict:
-    per_category: dict[str, list[bool]] = defaultdict(list)
-    for spec, outcome in zip(specs, outcomes):
-        per_category[spec.category].append(outcome.success)
-    rows = {
-        c: {"episodes": len(v), "successes": int(sum(v)), "success_rate": float(np.mean(v))}
-        for c, v in per_category.items()
-    }
-    successes = sum(o.success for o in outcomes)
+    per: dict[str, list[Outcome]] = defaultdict(list)
+    split_of: dict[str, str] = {}
+    for spec, split, outcome in zip(specs, splits, outcomes):
+        per[spec.category].append(outcome)
+        split_of[spec.category] = split
+
+    def row(group: list[Outcome]) -> dict:
+        on_part = [o for o in group if not (o.failure in OFF_PART or o.failure.startswith("parse:"))]
+        return rate_row(
+            sum(o.success for o in group), len(group), sum(o.success for o in on_part), len(on_part)
+        )
+
+    per_category = {c: {"split": split_of[c]} | row(v) for c, v in per.items()}
+    aggregates = {}
+    for split in dict.fromkeys(splits):
+        categories = [c for c in per if split_of[c] == split]
+        aggregates[split] = {"categories": len(categories)} | row([o for c in categories for o in per[c]])
     return {
         "policy": policy,
-        "split": split,
         "seed": seed,
-        "per_category": rows,
-        "aggregate": {
-            "episodes": len(outcomes),
-            "successes": int(successes),
-            "success_rate": successes / max(1, len(outcomes)),
-        },
+        "interval": INTERVAL,
+        "per_category": per_category,
+        "aggregates": aggregates,
         "failures": dict(Counter(o.failure for o in outcomes if o.failure)),
         "mean_joint_progress": float(np.mean([o.progress for o in outcomes])) if outcomes else 0.0,
         "episodes": [
             {
+                "split": split,
                 "category": s.category,
-                "object_seed": s.seed,
+                "object": s.urdf or s.seed,
                 "target_link": s.target_link,
                 "point_2d": list(a.point) if isinstance(a, ContactAction) else None,
                 "success": o.success,
                 "failure": o.failure,
+                "link": o.link,
                 "delta_q": o.delta_q,
                 "direction_cos": o.direction_cos,
             }
-            for s, a, o in zip(specs, actions, outcomes)
+            for s, split, a, o in zip(specs, splits, actions, outcomes)
         ],
     }
 
 
 def model_actions(
-    checkpoint: str, split: str, seed: int, sampled: list, image_dir: Path, config: Config | None = None
+    checkpoint: str,
+    sampled: list,
+    splits: list[str],
+    seed: int,
+    image_dir: Path,
+    config: Config | None = None,
 ) -> list:
     """Greedy ContactAction (or ParseError) of a checkpoint for each episode, from its rendered image, through
     the model adapter and the transformers rollout engine (the same path as training and grounding eval).
@@ -111,7 +157,7 @@ def model_actions(
 
     records = [
         render_record("manipulation", f"manip-eval-{split}-{seed}-{i:06d}", split, spec, oracle, image_dir)
-        for i, (spec, oracle) in enumerate(sampled)
+        for i, ((spec, oracle), split) in enumerate(zip(sampled, splits))
     ]
     records = [replace(r, image=str(image_dir / r.image)) for r in records]
     # Loading (full or LoRA folder, run config, accelerator, rollout backend) is shared with ``eval``.
@@ -137,23 +183,41 @@ def run_config(args: argparse.Namespace) -> Config | None:
 
 def evaluate(
     policy: str,
-    split: str,
+    splits: tuple[str, ...],
     episodes: int,
     seed: int,
     workers: int,
     checkpoint: str = "",
     image_dir: Path | None = None,
     config: Config | None = None,
+    assets: str | Path | None = None,
+    split_file: str | Path | None = None,
+    protocol: str | None = None,
 ) -> tuple[dict, list]:
-    """Sample, act, execute; returns the result dict and the (spec, action, outcome) triples. An answer the
-    model got wrong in form is a failed episode with reason ``parse:<reason>``."""
+    """Sample ``episodes`` per split, act, execute; returns the result dict and the (spec, action, outcome)
+    triples. An answer the model got wrong in form is a failed episode with reason ``parse:<reason>``."""
+    protocol = protocol or ("manipllm" if assets else "simple")
+    if protocol not in PROTOCOLS:
+        raise CommandError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    if assets is None and protocol != "simple":
+        raise CommandError(
+            f"--protocol {protocol} runs on PartNet-Mobility objects: give --assets DIR "
+            "(`vlm-grpoma make-assets --out DIR` writes generated ones)"
+        )
+    if assets is None and split_file is not None:
+        raise CommandError("--split-file splits PartNet-Mobility objects: give --assets DIR too")
+    objects = scan_assets(assets) if assets is not None else None
+    split_def = load_split(split_file) if assets is not None else None
+    sampled, split_names, dropped = [], [], {}
     with SimPool(workers) as pool:
-        sampled = sample_episodes(pool, split, episodes, seed)
+        for split in splits:
+            kept, dropped[split] = sample_split(pool, split, episodes, seed, objects, split_def, protocol)
+            sampled += kept
+            split_names += [split] * len(kept)
         specs = [spec for spec, _ in sampled]
         if policy == "model":
-            actions = model_actions(
-                checkpoint, split, seed, sampled, image_dir or Path("manip-eval-images"), config
-            )
+            image_dir = image_dir or Path("manip-eval-images")
+            actions = model_actions(checkpoint, sampled, split_names, seed, image_dir, config)
         else:
             actions = [
                 oracle if policy == "oracle" else random_action(spec, seed, i)
@@ -164,16 +228,29 @@ def evaluate(
     outcomes = [Outcome.failed(f"parse:{a.reason}") if isinstance(a, ParseError) else None for a in actions]
     for i, outcome in zip(valid, executed):
         outcomes[i] = outcome
-    return summarise(policy, split, seed, specs, actions, outcomes), list(zip(specs, actions, outcomes))
+    result = {
+        "protocol": protocol,
+        "objects": str(Path(assets).resolve()) if assets is not None else "procedural",
+        "split_file": f"{split_def.name} ({split_def.source})" if split_def else "procedural categories",
+        "dropped": dropped,
+    } | summarise(policy, seed, specs, split_names, actions, outcomes)
+    return result, list(zip(specs, actions, outcomes))
 
 
 def render_grid(triples: list, path: Path) -> Path | None:
+    """Up to GRID_TILES contacts, spread over the categories, on their rendered images."""
     ok, _ = rendering_status(in_process=True)
     if not ok:
         return None
+    by_category: dict[str, list] = defaultdict(list)
+    for triple in triples:
+        by_category[triple[0].category].append(triple)
+    spread = []
+    for rank in range(max((len(group) for group in by_category.values()), default=0)):
+        spread += [group[rank] for group in by_category.values() if rank < len(group)]
     tiles = []
-    for spec, action, outcome in triples[:GRID_TILES]:
-        views = render(prepare(spec, render=True), spec.camera)
+    for spec, action, outcome in spread[:GRID_TILES]:
+        _, views = render_episode(spec)
         caption = f"{spec.category}: {'ok' if outcome.success else outcome.failure or 'no motion'}"
         point = action.point if isinstance(action, ContactAction) else None
         tiles.append(Tile(views.rgb, point, caption, outcome.success))
@@ -187,15 +264,19 @@ def main(args: argparse.Namespace) -> int:
         raise CommandError(f"--workers must be >= 0, got {args.workers}")
     start = time.perf_counter()
     out = Path(args.out)
+    splits = EVAL_SPLITS if args.split == "all" else (args.split,)
     result, triples = evaluate(
         args.policy,
-        args.split,
+        splits,
         args.episodes,
         args.seed,
         args.workers,
         checkpoint=args.checkpoint,
         image_dir=out.with_name(out.stem + "_images"),
         config=run_config(args),
+        assets=args.assets,
+        split_file=args.split_file,
+        protocol=args.protocol,
     )
     result["seconds"] = round(time.perf_counter() - start, 2)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from vlm_grpoma.datasets.jsonl import read_records
 from vlm_grpoma.errors import CommandError
 
 
-def _generate_sapien(task: str, n: int, out: Path, seed: int, split: str) -> Path:
+def _generate_sapien(task: str, n: int, out: Path, seed: int, split: str, args: argparse.Namespace) -> Path:
     try:
         from vlm_grpoma.datasets.synthetic.sapien import generate
     except ImportError as err:
@@ -19,7 +19,16 @@ def _generate_sapien(task: str, n: int, out: Path, seed: int, split: str) -> Pat
             "(pip install 'sapien>=3.0.3,<3.1', Linux x86_64) and vlm_grpoma.datasets.synthetic."
             "sapien"
         ) from None
-    return generate(task, n, out, seed, split)
+    return generate(
+        task,
+        n,
+        out,
+        seed,
+        split,
+        assets=getattr(args, "assets", None),
+        split_file=getattr(args, "split_file", None),
+        protocol=getattr(args, "protocol", None),
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -34,6 +43,12 @@ def main(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise CommandError(f"--out {out} exists and is not a folder")
     if args.source == "shapes":
+        if (
+            getattr(args, "assets", None)
+            or getattr(args, "split_file", None)
+            or getattr(args, "protocol", None)
+        ):
+            raise CommandError("--assets, --split-file and --protocol apply to --source sapien only")
         from vlm_grpoma.datasets.synthetic.shapes import PRESETS, SHAPE_TASKS, generate_shapes
 
         if args.task not in SHAPE_TASKS:
@@ -46,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
             raise CommandError(f"--difficulty must be one of {sorted(PRESETS)}, got {difficulty!r}")
         path = generate_shapes(args.task, args.n, out, args.seed, args.split, PRESETS[difficulty])
     elif args.source == "sapien":
-        path = _generate_sapien(args.task, args.n, out, args.seed, args.split)
+        path = _generate_sapien(args.task, args.n, out, args.seed, args.split, args)
     else:
         raise CommandError(f"unknown --source {args.source!r}; choose shapes or sapien")
     records = read_records(path)  # re-read: what we report is what a trainer will load

@@ -2,11 +2,15 @@
 detection records (``vlm-grpoma make-data --source sapien``).
 
 Every record comes from one sampled episode (object instance, camera, target part; see
-``vlm_grpoma.envs.sapien.task``) and carries its spec in ``meta`` so it can be re-simulated. Splits:
-``train`` (seen categories, training instances), ``seen`` (seen categories, held-out instances) and
-``unseen`` (held-out categories). Ground truth, in original-image pixels:
+``vlm_grpoma.envs.sapien.task``) and carries its spec in ``meta`` (with its execution protocol) so it can be
+re-simulated: the ``manipulation`` reward then executes answers under the protocol the record was made with.
+Objects are procedural by default (``simple`` protocol) or PartNet-Mobility folders (``assets``, split by
+category with a split file; ``manipllm`` protocol by default). Splits: ``train`` (seen categories, training
+instances), ``seen`` (seen categories, held-out instances) and ``unseen`` (held-out categories). Ground
+truth, in original-image pixels:
 
-- manipulation: the oracle ContactAction (contact on the target part, pull direction from the joint);
+- manipulation: the oracle ContactAction (procedural: contact on the target part, pull direction from the
+  joint; ``manipllm``: ManipLLM's successful demonstration);
 - affordance: ``masks/<id>.png``, the target part's handle (or the part itself when its handle shows
   fewer than ``MIN_MASK_PIXELS``);
 - trajectory: the oracle contact point's projected path as the joint opens (to its limit or the image
@@ -18,6 +22,7 @@ Images need a renderer: without one this fails with the reason instead of writin
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +30,13 @@ from PIL import Image
 
 from vlm_grpoma.answers import Box, Boxes, ContactAction, Trajectory
 from vlm_grpoma.datasets.schema import TASKS, MaskRef, Record, record_to_json
-from vlm_grpoma.envs.sapien.camera import CameraSpec, handle_shape_ids, raycast, render
+from vlm_grpoma.envs.sapien.camera import CameraSpec, handle_shape_ids, raycast
+from vlm_grpoma.envs.sapien.manipllm import sample_asset
 from vlm_grpoma.envs.sapien.objects import DISPLAY_NAMES, joint_transform
+from vlm_grpoma.envs.sapien.partnet import display_name, scan_assets
 from vlm_grpoma.envs.sapien.scene import BuiltScene
-from vlm_grpoma.envs.sapien.task import EpisodeSpec, prepare, sample_split_episode
+from vlm_grpoma.envs.sapien.splits import load_split, round_robin
+from vlm_grpoma.envs.sapien.task import EpisodeSpec, render_episode, sample_split_episode
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
 from vlm_grpoma.errors import CommandError
 
@@ -38,8 +46,47 @@ TRAJECTORY_POINTS = 8
 SPLITS = ("train", "seen", "unseen")
 
 
-def generate(task: str, n: int, out_dir: Path, seed: int, split: str) -> Path:
-    """Write ``n`` records of ``task`` to ``out_dir/records.jsonl`` (+ images/, masks/); returns the path."""
+def _episodes(n: int, seed: int, split: str, assets, split_file, protocol: str) -> Iterator:
+    """(spec, oracle) pairs: procedural episodes of the split, or episodes on the split's asset objects (an
+    object with no successful ManipLLM demonstration is skipped, as ManipLLM drops it). Checks the inputs
+    before anything is sampled."""
+    if assets is None:
+        if protocol != "simple" or split_file is not None:
+            raise CommandError(
+                f"--protocol {protocol} and --split-file apply to PartNet-Mobility objects: give --assets DIR"
+            )
+        return (sample_split_episode(split, i, seed, width=IMAGE_SIZE, height=IMAGE_SIZE) for i in range(n))
+    split_def = load_split(split_file)
+    chosen = round_robin(scan_assets(assets), split_def, split, n)
+    if not chosen:
+        raise CommandError(
+            f"no {split} objects in --assets {assets}: {split} categories are "
+            f"{', '.join(split_def.categories(split))} ({split_def.name} split)"
+        )
+
+    def sampled() -> Iterator:
+        for index, asset in enumerate(chosen):
+            try:
+                yield sample_asset(asset, seed * 1_000_003 + index, protocol)
+            except RuntimeError:
+                continue
+
+    return sampled()
+
+
+def generate(
+    task: str,
+    n: int,
+    out_dir: Path,
+    seed: int,
+    split: str,
+    assets: str | Path | None = None,
+    split_file: str | Path | None = None,
+    protocol: str | None = None,
+) -> Path:
+    """Write up to ``n`` records of ``task`` to ``out_dir/records.jsonl`` (+ images/, masks/); returns the
+    path. ``assets``: PartNet-Mobility folders instead of procedural objects."""
+    protocol = protocol or ("manipllm" if assets is not None else "simple")
     if task not in TASKS:
         raise CommandError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     if split not in SPLITS:
@@ -47,6 +94,7 @@ def generate(task: str, n: int, out_dir: Path, seed: int, split: str) -> Path:
             f"--split {split!r} is not a SAPIEN split; choose train (seen categories, training "
             "instances), seen (held-out instances) or unseen (held-out categories)"
         )
+    episodes = _episodes(n, seed, split, assets, split_file, protocol)
     ok, reason = rendering_status(in_process=True)
     if not ok:
         raise CommandError(f"SAPIEN records need rendered images but rendering is unavailable: {reason}")
@@ -54,8 +102,7 @@ def generate(task: str, n: int, out_dir: Path, seed: int, split: str) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "records.jsonl"
     with path.open("w") as f:
-        for index in range(n):
-            spec, oracle = sample_split_episode(split, index, seed, width=IMAGE_SIZE, height=IMAGE_SIZE)
+        for index, (spec, oracle) in enumerate(episodes):
             record = render_record(
                 task, f"sapien-{task}-{split}-{seed}-{index:06d}", split, spec, oracle, out_dir
             )
@@ -67,8 +114,7 @@ def render_record(
     task: str, record_id: str, split: str, spec: EpisodeSpec, oracle: ContactAction, out_dir: Path
 ) -> Record:
     """Render one episode to ``out_dir/images/<record_id>.png`` and build its ``task`` record."""
-    built = prepare(spec, render=True)
-    views = render(built, spec.camera)
+    built, views = render_episode(spec)
     image = f"images/{record_id}.png"
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
     Image.fromarray(views.rgb).save(out_dir / image)
@@ -76,12 +122,17 @@ def render_record(
 
 
 def _name(spec: EpisodeSpec) -> str:
-    return DISPLAY_NAMES[spec.category]
+    return DISPLAY_NAMES.get(spec.category) or display_name(spec.category)
+
+
+def _part(spec: EpisodeSpec) -> str:
+    """The target part as a person names it (PartNet-Mobility labels such as ``rotation_door``)."""
+    return spec.target_label.replace("_", " ")
 
 
 def _manipulation(record_id, image, split, spec, oracle, built, views, out_dir) -> Record:
     prompt = (
-        f"open the {_name(spec)} by pulling its {spec.target_label}; give the contact pixel and the "
+        f"open the {_name(spec)} by pulling its {_part(spec)}; give the contact pixel and the "
         "gripper's up and forward directions in the camera frame (x forward, y left, z up)"
     )
     return _record(record_id, image, "manipulation", prompt, split, oracle, spec)
@@ -90,9 +141,9 @@ def _manipulation(record_id, image, split, spec, oracle, built, views, out_dir) 
 def _affordance(record_id, image, split, spec, oracle, built, views, out_dir) -> Record:
     mask = views.mask(spec.target_link)
     handle = mask & np.isin(views.shape_ids, list(handle_shape_ids(built, spec.target_link)))
-    what = spec.target_label
+    what = _part(spec)
     if handle.sum() >= MIN_MASK_PIXELS:
-        mask, what = handle, f"{spec.target_label} handle"
+        mask, what = handle, f"{_part(spec)} handle"
     rel = f"masks/{record_id}.png"
     (out_dir / "masks").mkdir(exist_ok=True)
     Image.fromarray(mask.astype(np.uint8) * 255).save(out_dir / rel)
@@ -102,7 +153,9 @@ def _affordance(record_id, image, split, spec, oracle, built, views, out_dir) ->
 
 def _trajectory(record_id, image, split, spec, oracle, built, views, out_dir) -> Record:
     path = contact_path(built, spec.camera, spec, oracle)
-    prompt = f"pull the {spec.target_label} of the {_name(spec)} open from its grasp point; draw the grasp point's path"
+    prompt = (
+        f"pull the {_part(spec)} of the {_name(spec)} open from its grasp point; draw the grasp point's path"
+    )
     return _record(record_id, image, "trajectory", prompt, split, Trajectory(path), spec)
 
 

@@ -2,8 +2,10 @@
 
 Camera frame (SAPIEN's): x forward, y left, z up. Pixels are continuous coordinates in the ORIGINAL image,
 pixel (i, j) covering [j, j+1) x [i, i+1), so its centre is (j + 0.5, i + 0.5). Poses follow ManipLLM's
-ranges (elevation pi/6..pi/3, azimuth 0.7pi..1.3pi around the front, fov 35 deg); the distance is scaled
-to the object's size so the object fills roughly half the frame (ManipLLM's 4.5..5.5 is in its own units).
+ranges (elevation pi/6..pi/3, azimuth 0.7pi..1.3pi around the front, fov 35 deg). ``sample_camera`` (the
+simple protocol) scales the distance to the object's size and looks at its centre, so the object fills
+roughly half the frame; ``sample_manipllm_camera`` is ManipLLM's own (``data_collection/code/camera.py``):
+distance 4.5..5.5 from the origin, looking at it.
 Without Vulkan, a raycast through a pixel gives the same depth, surface normal and link as rendering.
 """
 
@@ -14,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from vlm_grpoma.envs.sapien.objects import matrix_to_quat
 from vlm_grpoma.envs.sapien.scene import BuiltScene
 from vlm_grpoma.envs.sapien.vulkan import import_sapien
 
@@ -21,6 +24,7 @@ FOVY_DEG = 35.0
 ELEVATION = (math.pi / 6, math.pi / 3)
 AZIMUTH = (0.7 * math.pi, 1.3 * math.pi)
 DISTANCE_PER_EXTENT = (2.4, 3.0)
+MANIPLLM_DISTANCE = (4.5, 5.5)
 NEAR, FAR = 0.01, 50.0
 
 
@@ -63,6 +67,20 @@ class CameraSpec:
         d = self.rotation() @ d_cam
         return d / np.linalg.norm(d)
 
+    def pixel_rays(self, xy: np.ndarray) -> np.ndarray:
+        """Unit world directions [N, 3] through pixel coordinates [N, 2]."""
+        xy = np.asarray(xy, dtype=np.float64).reshape(-1, 2)
+        d_cam = np.stack(
+            [
+                np.ones(len(xy)),
+                -(xy[:, 0] - self.width / 2) / self.focal,
+                -(xy[:, 1] - self.height / 2) / self.focal,
+            ],
+            axis=1,
+        )
+        d = d_cam @ self.rotation().T
+        return d / np.linalg.norm(d, axis=1, keepdims=True)
+
     def project(self, points: np.ndarray) -> np.ndarray:
         """World points [N, 3] -> pixel coordinates [N, 2] (points must be in front of the camera)."""
         cam = (np.asarray(points, float) - np.array(self.position)) @ self.rotation()
@@ -81,16 +99,9 @@ class CameraSpec:
         return self.rotation() @ np.asarray(vector, float)
 
 
-def sample_camera(
-    rng: np.random.Generator, bounds: tuple[np.ndarray, np.ndarray], width: int = 336, height: int = 336
+def _looking_at(
+    centre: np.ndarray, distance: float, elevation: float, azimuth: float, width: int, height: int
 ) -> CameraSpec:
-    """A ManipLLM-like viewpoint looking at the centre of the object's bounds (lo, hi)."""
-    lo, hi = (np.asarray(b, dtype=np.float64) for b in bounds)
-    centre = (lo + hi) / 2
-    extent = float(np.linalg.norm(hi - lo))
-    elevation = rng.uniform(*ELEVATION)
-    azimuth = rng.uniform(*AZIMUTH)
-    distance = extent * rng.uniform(*DISTANCE_PER_EXTENT)
     offset = distance * np.array(
         [
             math.cos(elevation) * math.cos(azimuth),
@@ -101,6 +112,26 @@ def sample_camera(
     return CameraSpec(
         tuple(float(v) for v in centre + offset), tuple(float(v) for v in centre), width, height
     )
+
+
+def sample_camera(
+    rng: np.random.Generator, bounds: tuple[np.ndarray, np.ndarray], width: int = 336, height: int = 336
+) -> CameraSpec:
+    """A ManipLLM-like viewpoint looking at the centre of the object's bounds (lo, hi)."""
+    lo, hi = (np.asarray(b, dtype=np.float64) for b in bounds)
+    extent = float(np.linalg.norm(hi - lo))
+    elevation = rng.uniform(*ELEVATION)
+    azimuth = rng.uniform(*AZIMUTH)
+    distance = extent * rng.uniform(*DISTANCE_PER_EXTENT)
+    return _looking_at((lo + hi) / 2, distance, elevation, azimuth, width, height)
+
+
+def sample_manipllm_camera(rng: np.random.Generator, width: int = 336, height: int = 336) -> CameraSpec:
+    """ManipLLM's viewpoint: elevation, azimuth and distance drawn in its order, looking at the origin."""
+    elevation = rng.uniform(*ELEVATION)
+    azimuth = rng.uniform(*AZIMUTH)
+    distance = rng.uniform(*MANIPLLM_DISTANCE)
+    return _looking_at(np.zeros(3), distance, elevation, azimuth, width, height)
 
 
 @dataclass(frozen=True)
@@ -141,31 +172,34 @@ def part_names(built: BuiltScene) -> list[str]:
     return list(dict.fromkeys(built.owner.values()))
 
 
-def raycast_image(built: BuiltScene, camera: CameraSpec, stride: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def raycast_image(
+    built: BuiltScene, camera: CameraSpec, stride: int = 1, only_object: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """Depth along the ray [H, W] (inf where empty) and part index map [H, W] (into ``part_names``, -1 where
-    empty), by raycasts through pixel centres; ``stride`` subsamples rows and columns."""
+    empty), by raycasts through pixel centres; ``stride`` subsamples rows and columns; ``only_object`` casts
+    only inside the image box of the object's bounds (the rest is empty)."""
     names = part_names(built)
-    ys = np.arange(0, camera.height, stride)
-    xs = np.arange(0, camera.width, stride)
-    depth = np.full((len(ys), len(xs)), np.inf)
-    links = np.full((len(ys), len(xs)), -1, dtype=np.int32)
+    ys, xs = np.mgrid[0 : camera.height : stride, 0 : camera.width : stride]
+    centres = np.stack([xs + 0.5, ys + 0.5], axis=-1).reshape(-1, 2)
+    todo = np.ones(len(centres), dtype=bool)
+    if only_object:
+        lo, hi = built.bounds()
+        corners = np.array(
+            [[x, y, z] for x in (lo[0], hi[0]) for y in (lo[1], hi[1]) for z in (lo[2], hi[2])]
+        )
+        box = camera.project(corners)
+        todo = np.all((centres >= box.min(0) - stride) & (centres <= box.max(0) + stride), axis=1)
+    depth = np.full(len(centres), np.inf)
+    links = np.full(len(centres), -1, dtype=np.int32)
     origin = np.array(camera.position)
-    rot = camera.rotation()
-    for i, y in enumerate(ys):
-        for j, x in enumerate(xs):
-            d = rot @ np.array(
-                [
-                    1.0,
-                    -(x + 0.5 - camera.width / 2) / camera.focal,
-                    -(y + 0.5 - camera.height / 2) / camera.focal,
-                ]
-            )
-            hit = built.scene.physx_system.raycast(origin, d / np.linalg.norm(d), FAR)
-            name = _part_hit(built, hit)
-            if name is not None:
-                depth[i, j] = hit.distance
-                links[i, j] = names.index(name)
-    return depth, links
+    raycast_one = built.scene.physx_system.raycast
+    for k, direction in zip(np.flatnonzero(todo), camera.pixel_rays(centres[todo])):
+        hit = raycast_one(origin, direction, FAR)
+        name = _part_hit(built, hit)
+        if name is not None:
+            depth[k] = hit.distance
+            links[k] = names.index(name)
+    return depth.reshape(xs.shape), links.reshape(xs.shape)
 
 
 @dataclass
@@ -188,10 +222,11 @@ class Views:
 _RENDER_KEEPALIVE: list = []
 
 
-def render(built: BuiltScene, camera: CameraSpec) -> Views:
-    """Render RGB, position and segmentation (the scene must have been built with ``render=True``).
-    One extra render system stays alive for the process: when the last one is destroyed SAPIEN drops its
-    Vulkan context and the next frame pays the multi-second pipeline build again."""
+def render(built: BuiltScene, camera: CameraSpec, background: tuple[int, int, int] | None = None) -> Views:
+    """Render RGB, position and segmentation (the scene must have been built with ``render=True``);
+    ``background`` replaces the RGB of pixels showing no object. One extra render system stays alive for
+    the process: when the last one is destroyed SAPIEN drops its Vulkan context and the next frame pays the
+    multi-second pipeline build again."""
     sapien = import_sapien()
     if not _RENDER_KEEPALIVE:
         _RENDER_KEEPALIVE.append(sapien.render.RenderSystem())
@@ -199,7 +234,7 @@ def render(built: BuiltScene, camera: CameraSpec) -> Views:
         "camera", camera.width, camera.height, math.radians(camera.fovy_deg), NEAR, FAR
     )
     rot = camera.rotation()
-    cam.entity.set_pose(sapien.Pose(camera.position, _matrix_to_quat(rot)))
+    cam.entity.set_pose(sapien.Pose(camera.position, matrix_to_quat(rot)))
     built.scene.update_render()
     cam.take_picture()
     rgb = (np.clip(cam.get_picture("Color")[..., :3], 0, 1) * 255).round().astype(np.uint8)
@@ -214,6 +249,8 @@ def render(built: BuiltScene, camera: CameraSpec) -> Views:
     lookup[scene_ids] = [names.index(built.owner[name]) for name in built.link_components]
     link_ids = lookup[seg[..., 1].astype(np.int64)]
     points[link_ids < 0] = np.nan
+    if background is not None:
+        rgb[link_ids < 0] = background
     depth = -position[..., 2].astype(np.float64)  # OpenGL camera space looks down -z
     depth[link_ids < 0] = np.nan
     built.scene.remove_camera(cam)
@@ -227,11 +264,3 @@ def handle_shape_ids(built: BuiltScene, link: str) -> set[int]:
     body = entity.find_component_by_type(sapien.render.RenderBodyComponent)
     labels = [s.label for s in built.obj.link(link).shapes]
     return {shape.per_scene_id for shape, label in zip(body.render_shapes, labels) if label == "handle"}
-
-
-def _matrix_to_quat(m: np.ndarray) -> tuple[float, float, float, float]:
-    w = math.sqrt(max(0.0, 1 + m[0, 0] + m[1, 1] + m[2, 2])) / 2
-    x = math.copysign(math.sqrt(max(0.0, 1 + m[0, 0] - m[1, 1] - m[2, 2])) / 2, m[2, 1] - m[1, 2])
-    y = math.copysign(math.sqrt(max(0.0, 1 - m[0, 0] + m[1, 1] - m[2, 2])) / 2, m[0, 2] - m[2, 0])
-    z = math.copysign(math.sqrt(max(0.0, 1 - m[0, 0] - m[1, 1] + m[2, 2])) / 2, m[1, 0] - m[0, 1])
-    return (w, x, y, z)

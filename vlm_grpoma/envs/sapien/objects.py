@@ -7,7 +7,8 @@ front faces -x (the camera looks at it from the -x side), z is up, and it stands
 ``make_object(category, seed)`` is deterministic, so records store only (category, seed).
 
 Splits: ``SEEN_CATEGORIES`` train on instance seeds below ``HELD_OUT_SEED_START`` and are tested on seeds
-from it (unseen instances); ``UNSEEN_CATEGORIES`` never appear in training.
+from it (unseen instances); ``UNSEEN_CATEGORIES`` never appear in training. ``ASSET_ONLY_CATEGORIES`` are
+generated only as PartNet-Mobility-format assets (``partnet_export``), where ManipLLM's split decides.
 """
 
 from __future__ import annotations
@@ -91,6 +92,15 @@ def quat_to_matrix(q: Quat) -> np.ndarray:
             [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
         ]
     )
+
+
+def matrix_to_quat(m: np.ndarray) -> Quat:
+    """The quaternion (w, x, y, z) of a rotation matrix."""
+    w = math.sqrt(max(0.0, 1 + m[0, 0] + m[1, 1] + m[2, 2])) / 2
+    x = math.copysign(math.sqrt(max(0.0, 1 + m[0, 0] - m[1, 1] - m[2, 2])) / 2, m[2, 1] - m[1, 2])
+    y = math.copysign(math.sqrt(max(0.0, 1 - m[0, 0] + m[1, 1] - m[2, 2])) / 2, m[0, 2] - m[2, 0])
+    z = math.copysign(math.sqrt(max(0.0, 1 - m[0, 0] - m[1, 1] + m[2, 2])) / 2, m[1, 0] - m[0, 1])
+    return (w, x, y, z)
 
 
 def quat_x_to(axis: Vec3) -> Quat:
@@ -282,23 +292,25 @@ def _top_lid(
     label: str = "lid",
     with_handle: bool = True,
     round_radius: float = 0.0,
+    centre_x: float = 0.0,
 ) -> Link:
-    """A lid lying on top, hinged along its back (+x) edge; lifting the front opens it."""
+    """A lid lying on top (centred at ``centre_x``), hinged along its back (+x) edge; lifting the front opens
+    it."""
     t = kit.u(0.015, 0.04) if label == "lid" else kit.u(0.008, 0.015)
     colour = kit.colour()
     if round_radius:
-        plate = _cylinder(round_radius, t / 2, (0.0, 0.0, top_z + t / 2), (0.0, 0.0, 1.0), colour, label)
-        front_x = -round_radius
+        plate = _cylinder(round_radius, t / 2, (centre_x, 0.0, top_z + t / 2), (0.0, 0.0, 1.0), colour, label)
+        front_x = centre_x - round_radius
     else:
-        plate = _box((d / 2, w / 2, t / 2), (0.0, 0.0, top_z + t / 2), colour, label)
-        front_x = -d / 2
+        plate = _box((d / 2, w / 2, t / 2), (centre_x, 0.0, top_z + t / 2), colour, label)
+        front_x = centre_x - d / 2
     shapes: tuple[Shape, ...] = (plate,)
     if with_handle:
         shapes += kit.handle(
             (front_x, 0.0, top_z + t / 2), (-1.0, 0.0, 0.0), (0.0, 1.0, 0.0), min(0.5 * w, kit.u(0.06, 0.18))
         )
     friction, damping = kit.joint_physics()
-    back_x = round_radius if round_radius else d / 2
+    back_x = centre_x + (round_radius if round_radius else d / 2)
     joint = Joint(
         "revolute", (back_x, 0.0, top_z + t / 2), (0.0, 1.0, 0.0), (0.0, kit.u(1.4, 2.0)), friction, damping
     )
@@ -433,6 +445,27 @@ def _table_drawer(kit: _Kit) -> tuple[Link, ...]:
     return (Link("body", "body", tuple(shapes)), drawer)
 
 
+def _washing_machine(kit: _Kit) -> tuple[Link, ...]:
+    w, d, h = kit.u(0.55, 0.65), kit.u(0.5, 0.6), kit.u(0.8, 0.9)
+    side = kit.u(0.32, 0.4) * w
+    z0 = h * kit.u(0.2, 0.3)
+    door = _side_door(
+        kit, "door_0", -side, side, z0, z0 + 2 * side, -d / 2, bool(kit.rng.integers(2)), handle_length=side
+    )
+    return (Link("body", "body", (_body(kit, w, d, h),)), door)
+
+
+def _toilet(kit: _Kit) -> tuple[Link, ...]:
+    w, d, h = kit.u(0.35, 0.45), kit.u(0.5, 0.65), kit.u(0.38, 0.45)
+    tank_d, tank_h = kit.u(0.16, 0.22), kit.u(0.3, 0.4)
+    colour = kit.colour()
+    bowl = _box((d / 2, w / 2, h / 2), (0.0, 0.0, h / 2), colour, "body")
+    tank = _box((tank_d / 2, w / 2, tank_h / 2), (d / 2 - tank_d / 2, 0.0, h + tank_h / 2), colour, "body")
+    seat_d = d - tank_d
+    lid = _top_lid(kit, "lid_0", w - 0.02, seat_d - 0.01, h, centre_x=-d / 2 + seat_d / 2)
+    return (Link("body", "body", (bowl, tank)), lid)
+
+
 GENERATORS: dict[str, Callable[[_Kit], tuple[Link, ...]]] = {
     "drawer_cabinet": _drawer_cabinet,
     "cabinet_door": _cabinet_door,
@@ -444,6 +477,8 @@ GENERATORS: dict[str, Callable[[_Kit], tuple[Link, ...]]] = {
     "trash_can": _trash_can,
     "wardrobe": _wardrobe,
     "table_drawer": _table_drawer,
+    "washing_machine": _washing_machine,
+    "toilet": _toilet,
 }
 SEEN_CATEGORIES: tuple[str, ...] = (
     "drawer_cabinet",
@@ -454,6 +489,12 @@ SEEN_CATEGORIES: tuple[str, ...] = (
     "laptop",
 )
 UNSEEN_CATEGORIES: tuple[str, ...] = ("oven", "trash_can", "wardrobe", "table_drawer")
+ASSET_ONLY_CATEGORIES: tuple[str, ...] = ("washing_machine", "toilet")
+#: per-category seed salt; the procedural split's categories keep the salt they had before the asset-only ones
+#: were added, so their instances never change
+_SALT = {
+    name: i for i, name in enumerate((*sorted(SEEN_CATEGORIES + UNSEEN_CATEGORIES), *ASSET_ONLY_CATEGORIES))
+}
 #: What a person calls each category in a prompt.
 DISPLAY_NAMES: dict[str, str] = {
     "drawer_cabinet": "drawer cabinet",
@@ -466,6 +507,8 @@ DISPLAY_NAMES: dict[str, str] = {
     "trash_can": "trash can",
     "wardrobe": "wardrobe",
     "table_drawer": "desk",
+    "washing_machine": "washing machine",
+    "toilet": "toilet",
 }
 
 
@@ -473,7 +516,7 @@ def make_object(category: str, seed: int) -> ArticulatedObject:
     """Build the instance ``seed`` of ``category``, scaled by a random factor in [0.7, 1.2] of unit size."""
     if category not in GENERATORS:
         raise KeyError(f"unknown object category {category!r}; known: {', '.join(GENERATORS)}")
-    kit = _Kit(seed * 7919 + sorted(GENERATORS).index(category))
+    kit = _Kit(seed * 7919 + _SALT[category])
     links = GENERATORS[category](kit)
     obj = ArticulatedObject(category, seed, links)
     lo, hi = obj.bounds()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
 from vlm_grpoma.answers import ContactAction
+from vlm_grpoma.envs.sapien.manipllm import sample_asset
 from vlm_grpoma.envs.sapien.task import (
     DEFAULT_EXEC,
     EpisodeSpec,
@@ -46,7 +47,11 @@ def _execute_job(spec: EpisodeSpec, action: ContactAction, config: ExecConfig) -
         return Outcome.failed("sim_error", detail=f"{type(err).__name__}: {err}"[:200])
 
 
-JOBS: dict[str, Callable] = {"execute": _execute_job, "sample": sample_split_episode}
+JOBS: dict[str, Callable] = {
+    "execute": _execute_job,
+    "sample": sample_split_episode,
+    "sample_asset": sample_asset,
+}
 
 
 def _worker_main(conn: Connection) -> None:

@@ -1,12 +1,14 @@
 """Build a SAPIEN 3 scene holding one articulated object: a procedural one, or any URDF file.
 
 Physics-only by default (``PhysxCpuSystem`` alone needs no Vulkan device); visuals and a ``RenderSystem``
-are added only when ``render=True``. Object links ignore gravity (doors, lids and drawers are treated as
-counter-balanced), so a part stays where the gripper leaves it and closed parts stay closed.
+are added only when ``render=True``. Under the ``simple`` protocol object links ignore gravity (doors, lids
+and drawers are treated as counter-balanced), so a part stays where the gripper leaves it and closed parts
+stay closed; the ``manipllm`` protocol keeps gravity and sets ManipLLM's joint and contact physics.
 
 A URDF object (e.g. PartNet-Mobility's ``mobility.urdf``) is described by its kinematics only: each link
-with a revolute or prismatic joint is a part (labelled by its link name), and links attached through fixed
-joints (a handle on a door, the base under a body) move with, and count as, the part they hang from.
+with a revolute, continuous or prismatic joint is a part (labelled by ``semantics.txt`` where the folder has
+one, else by its link name), and links attached through fixed joints (a handle on a door, the base under a
+body) move with, and count as, the part they hang from.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from vlm_grpoma.envs.sapien.objects import (
     quat_x_to,
     shape_contains,
 )
+from vlm_grpoma.envs.sapien.partnet import link_labels
+from vlm_grpoma.envs.sapien.protocol import SIMPLE, Protocol
 from vlm_grpoma.envs.sapien.urdf import load_articulation, to_urdf
 from vlm_grpoma.envs.sapien.vulkan import import_sapien
 
@@ -103,10 +107,10 @@ def _new_scene(render: bool, timestep: float):
     return sapien, scene
 
 
-def _finish(scene, obj: ArticulatedObject, articulation) -> BuiltScene:
+def _finish(scene, obj: ArticulatedObject, articulation, gravity: bool = False) -> BuiltScene:
     components = {c.name: c for c in articulation.get_links()}
     for c in components.values():
-        c.disable_gravity = True
+        c.disable_gravity = not gravity
     joint_index = {joint.child_link.name: i for i, joint in enumerate(articulation.get_active_joints())}
     owner: dict[str, str] = {}
     for c in articulation.get_links():  # parents come before their children
@@ -131,11 +135,27 @@ def build_scene(
 
 
 def build_urdf_scene(
-    urdf_path: str | Path, *, render: bool = False, timestep: float = TIMESTEP
+    urdf_path: str | Path,
+    *,
+    render: bool = False,
+    timestep: float = TIMESTEP,
+    protocol: Protocol = SIMPLE,
+    scale: float = 1.0,
+    collision: str = "convex",
 ) -> BuiltScene:
-    """Load a URDF object (root fixed where the file puts it) and describe its parts from the kinematics."""
+    """Load a URDF object scaled by ``scale`` (root fixed where the file puts it) with the physics of
+    ``protocol``, and describe its parts from the kinematics; ``collision`` as in ``urdf.COLLISION_MODES``."""
     sapien, scene = _new_scene(render, timestep)
-    articulation = load_articulation(scene, urdf_path, render=render)
+    articulation = load_articulation(
+        scene, urdf_path, render=render, scale=scale, material=protocol.material, collision=collision
+    )
+    if protocol.joint_damping is not None:
+        for joint in articulation.get_active_joints():
+            joint.set_drive_property(0.0, protocol.joint_damping)
+            joint.set_friction(0.0)
+    if protocol.solver_iterations is not None:
+        articulation.set_solver_position_iterations(protocol.solver_iterations)
+    labels = link_labels(urdf_path)
     root = articulation.get_links()[0]
     # link poses with every joint at 0 (live poses are valid only after a step): parent * joint * child^-1
     at_zero = {root.name: articulation.get_root_pose()}
@@ -150,7 +170,7 @@ def build_urdf_scene(
         links.append(
             Link(
                 joint.child_link.name,
-                joint.child_link.name,
+                labels.get(joint.child_link.name, joint.child_link.name),
                 (),
                 Joint(
                     kind,
@@ -163,7 +183,7 @@ def build_urdf_scene(
             )
         )
     obj = ArticulatedObject(f"urdf:{Path(urdf_path).parent.name or Path(urdf_path).stem}", 0, tuple(links))
-    return _finish(scene, obj, articulation)
+    return _finish(scene, obj, articulation, gravity=protocol.gravity)
 
 
 def _build_articulation(sapien, scene, obj: ArticulatedObject, render: bool):

@@ -1,30 +1,32 @@
 """Manipulation episodes: sampling (object, camera, target, oracle action) and executing a ContactAction.
 
-Execution (ManipLLM-like): back-project the contact pixel (physics raycast through the pinhole camera, so no
-renderer is needed); flip ``up`` so it opposes the surface normal (it is the approach direction, into the
-surface); place the suction gripper at the contact point (ManipLLM's 0.15 -> 0.10 approach only moves a
-collision-free gripper to that point, so it is skipped) and attach it to the link under the pixel; then
-``pull`` the gripper back along -up by ``pull_distance`` (or ``push`` along +up). ``forward`` only sets the
-gripper's roll, which a suction cup does not feel; it must still be a valid direction.
+Execution (as ManipLLM's test code): back-project the contact pixel (physics raycast through the pinhole
+camera, so no renderer is needed); the part under it is the part acted on (a pixel on the fixed body fails
+``non_movable``); flip ``up`` so it opposes the surface normal (it is the approach direction, into the
+surface); place the suction gripper as the episode's protocol says (``protocol``: ``simple`` at the contact,
+``manipllm`` 0.15 back along ``up`` then approaching to 0.10 with the hand's collision boxes), attach it to
+the part at the contact point, then ``pull`` it back along -up to the protocol's pull distance (or ``push``
+along +up). ``forward`` sets the gripper's roll: felt only through the hand's collision boxes (``manipllm``);
+it must still be a valid direction.
 
 Every episode builds a fresh scene (~1 ms of a ~5 ms episode, measured), so results never depend on what
 ran before in a process; resetting a shared scene per answer would save at most that 1 ms and PhysX keeps
-solver state that a reset does not clear. Success: the joint of the grasped link
-moved |dq| > 0.03 or > 50 % of its range and, for pulling, the contact point moved along the pull direction
-(cosine > 0.3). Any movable part counts (the prompt asks to open the object, as in ManipLLM); the spec's
-``target_link`` is where the oracle acts and what the grounding tasks label.
+solver state that a reset does not clear. Success (``success.SuccessRule``, ManipLLM's test rule): the joint
+of the part moved |dq| > 0.03 or > 50 % of its range and, for pulling, the contact point moved along the pull
+direction (cosine > 0.3); both are measured from before the approach. Any movable part counts (as in
+ManipLLM, whose prompt names no part); the spec's ``target_link`` is where the oracle acts and what the
+grounding tasks label.
 
 Record ``meta`` for manipulation (JSON-serialisable, written by ``EpisodeSpec.to_meta``)::
 
     {"object": {"category": "microwave", "seed": 1000123},
      "camera": {"position": [x, y, z], "target": [x, y, z], "width": 336, "height": 336, "fovy_deg": 35.0},
      "target_link": "door_0", "target_label": "door", "primitive": "pull",
-     "initial_qpos": {"door_0": 0.0}, "episode_seed": 17}
+     "initial_qpos": {"door_0": 0.0}, "episode_seed": 17, "protocol": "simple"}
 
-``object`` may also carry ``"urdf": "/abs/path/mobility.urdf"``: the episode then loads that file (e.g. a
-PartNet-Mobility object, see ``sample_urdf_episode``) instead of the procedural (category, seed) object; its
-parts are the links with revolute/prismatic joints, and the oracle searches the part's image region for the
-visible point farthest from the hinge whose surface faces the opening direction.
+``object`` may also carry ``"urdf": "/abs/path/mobility.urdf"`` (and ``"scale"``): the episode then loads
+that file (e.g. a PartNet-Mobility object) instead of the procedural (category, seed) object; its parts are
+the links with revolute/continuous/prismatic joints. Records without ``protocol`` are ``simple``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Literal
 import numpy as np
 
 from vlm_grpoma.answers import ContactAction
-from vlm_grpoma.envs.sapien.camera import CameraSpec, Hit, raycast, sample_camera
+from vlm_grpoma.envs.sapien.camera import CameraSpec, Hit, Views, raycast, render, sample_camera
 from vlm_grpoma.envs.sapien.gripper import SuctionGripper
 from vlm_grpoma.envs.sapien.objects import (
     Link,
@@ -48,12 +50,13 @@ from vlm_grpoma.envs.sapien.objects import (
     shape_corners,
     split_categories,
 )
+from vlm_grpoma.envs.sapien.protocol import Protocol, get_protocol
 from vlm_grpoma.envs.sapien.scene import BuiltScene, build_scene, build_urdf_scene
+from vlm_grpoma.envs.sapien.success import direction_cosine
 
 Primitive = Literal["pull", "push"]
-MOVE_THRESHOLD = 0.03
-RANGE_FRACTION = 0.5
-DIRECTION_COSINE = 0.3
+#: ManipLLM replaces infinite joint limits by +-10 (utils.process_angle_limit)
+LIMIT_CLAMP = 10.0
 
 
 @dataclass(frozen=True)
@@ -67,9 +70,13 @@ class EpisodeSpec:
     initial_qpos: dict[str, float] = field(default_factory=dict)
     episode_seed: int = 0
     urdf: str = ""  # a URDF file to load instead of the procedural (category, seed) object
+    protocol: str = "simple"
+    scale: float = 1.0  # of the URDF object
 
     def to_meta(self) -> dict:
-        obj = {"category": self.category, "seed": self.seed} | ({"urdf": self.urdf} if self.urdf else {})
+        obj = {"category": self.category, "seed": self.seed}
+        if self.urdf:
+            obj |= {"urdf": self.urdf, "scale": self.scale}
         return {
             "object": obj,
             "camera": self.camera.to_json(),
@@ -78,12 +85,13 @@ class EpisodeSpec:
             "primitive": self.primitive,
             "initial_qpos": dict(self.initial_qpos),
             "episode_seed": self.episode_seed,
+            "protocol": self.protocol,
         }
 
     @classmethod
     def from_meta(cls, meta: dict) -> EpisodeSpec:
         try:
-            return cls(
+            spec = cls(
                 meta["object"]["category"],
                 int(meta["object"]["seed"]),
                 CameraSpec.from_json(meta["camera"]),
@@ -93,19 +101,22 @@ class EpisodeSpec:
                 {k: float(v) for k, v in meta.get("initial_qpos", {}).items()},
                 int(meta.get("episode_seed", 0)),
                 str(meta["object"].get("urdf", "")),
+                str(meta.get("protocol", "simple")),
+                float(meta["object"].get("scale", 1.0)),
             )
+            get_protocol(spec.protocol)
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"manipulation meta is missing or has a bad field ({err!r}): {meta!r}") from err
+        return spec
 
 
 @dataclass(frozen=True)
 class ExecConfig:
-    pull_distance: float = 0.3
-    move_steps: int = 150
-    settle_steps: int = 40
-    max_steps: int = 400  # per-episode step limit (move + settle are cut to it)
+    pull_distance: float | None = None  # the protocol's when None
+    move_steps: int | None = None  # the protocol's when None
+    max_steps: int = 400  # per-episode step limit (approach, move and settle are cut to it)
     timeout_s: float = 10.0  # wall-clock limit per episode
-    max_force: float = 150.0  # newtons the arm may apply
+    max_force: float | None = None  # newtons the arm may apply; the protocol's when None
 
 
 DEFAULT_EXEC = ExecConfig()
@@ -125,6 +136,7 @@ class Outcome:
     steps: int = 0
     seconds: float = 0.0
     detail: str = ""
+    joint_range: float = 0.0
 
     @classmethod
     def failed(cls, reason: str, **fields) -> Outcome:
@@ -133,13 +145,24 @@ class Outcome:
 
 def prepare(spec: EpisodeSpec, *, render: bool = False) -> BuiltScene:
     """Build the episode's scene with the initial joint state applied (link poses are valid after a step)."""
+    protocol = get_protocol(spec.protocol)
     if spec.urdf:
-        built = build_urdf_scene(spec.urdf, render=render)
+        built = build_urdf_scene(spec.urdf, render=render, protocol=protocol, scale=spec.scale)
+    elif protocol.name != "simple":
+        raise ValueError(
+            f"protocol {protocol.name} runs on URDF (PartNet-Mobility) objects, not procedural ones"
+        )
     else:
         built = build_scene(make_object(spec.category, spec.seed), render=render)
     built.set_qpos(spec.initial_qpos)
     built.scene.step()
     return built
+
+
+def render_episode(spec: EpisodeSpec) -> tuple[BuiltScene, Views]:
+    """The episode's scene built for rendering, and its image from the episode's camera."""
+    built = prepare(spec, render=True)
+    return built, render(built, spec.camera, get_protocol(spec.protocol).background)
 
 
 def _unit(v) -> np.ndarray | None:
@@ -148,6 +171,12 @@ def _unit(v) -> np.ndarray | None:
         return None
     n = float(np.linalg.norm(a))
     return a / n if n > 1e-6 else None
+
+
+def joint_range(link: Link) -> float:
+    """A part's joint range, with infinite limits clamped to +-10 as ManipLLM does."""
+    lo, hi = (min(max(float(v), -LIMIT_CLAMP), LIMIT_CLAMP) for v in link.joint.limits)
+    return hi - lo
 
 
 def execute(spec: EpisodeSpec, action: ContactAction, config: ExecConfig = DEFAULT_EXEC) -> Outcome:
@@ -173,7 +202,8 @@ def execute(spec: EpisodeSpec, action: ContactAction, config: ExecConfig = DEFAU
     approach = cam.to_world(up_cam)
     if approach @ hit.normal > 0:
         approach = -approach
-    return _run(built, link, hit, approach, spec.primitive, config, start)
+    protocol = get_protocol(spec.protocol)
+    return _run(built, link, hit, approach, cam.to_world(forward), spec.primitive, protocol, config, start)
 
 
 def _run(
@@ -181,43 +211,76 @@ def _run(
     link: Link,
     hit: Hit,
     approach: np.ndarray,
+    forward: np.ndarray,
     primitive: Primitive,
+    protocol: Protocol,
     config: ExecConfig,
     start: float,
 ) -> Outcome:
     index = built.joint_index[link.name]
-    gripper = SuctionGripper(built, hit.point, approach, config.max_force)
-    local = gripper.attach(link.name, hit.point)
+    rot, trans = built.link_pose(link.name)
+    local = rot.T @ (hit.point - trans)  # the contact on the part, and the joint, before anything moves
     q0 = float(built.qpos()[index])
+    start_d, contact_d = protocol.approach or (0.0, 0.0)
+    gripper = SuctionGripper(
+        built,
+        hit.point - approach * start_d,
+        approach,
+        config.max_force if config.max_force is not None else protocol.max_force,
+        forward=forward if protocol.gripper_collision else None,  # a bare suction point has no roll
+        collision=protocol.gripper_collision,
+        material=protocol.material,
+    )
     direction = -approach if primitive == "pull" else approach
-    goal = hit.point + direction * config.pull_distance
-    total = min(config.max_steps, config.move_steps + config.settle_steps)
+    pull = config.pull_distance if config.pull_distance is not None else protocol.pull_distance
+    move_steps = config.move_steps if config.move_steps is not None else protocol.move_steps
+    attached = hit.point - approach * contact_d
+    goal = attached + direction * (pull - contact_d)
+    phases = [
+        (protocol.approach_steps, hit.point - approach * start_d, attached),
+        (protocol.hold_steps, attached, attached),
+        (move_steps, attached, goal),
+        (protocol.settle_steps, goal, goal),
+    ]
     steps = 0
-    for steps in range(1, total + 1):
-        fraction = min(1.0, steps / config.move_steps)
-        gripper.move_to(hit.point + (goal - hit.point) * fraction)
-        built.scene.step()
-        if time.perf_counter() - start > config.timeout_s:
-            return Outcome.failed("timeout", link=link.name, steps=steps, seconds=time.perf_counter() - start)
+    for phase, (count, begin, end) in enumerate(phases):
+        if phase == 2:  # suction where the contact point is now (the approach may have pushed the part)
+            rot, trans = built.link_pose(link.name)
+            gripper.attach(link.name, rot @ local + trans if steps else hit.point)
+        for i in range(1, count + 1):
+            if steps >= config.max_steps:
+                break
+            gripper.move_to(begin + (end - begin) * (i / count))
+            built.scene.step()
+            steps += 1
+            if time.perf_counter() - start > config.timeout_s:
+                return Outcome.failed(
+                    "timeout", link=link.name, steps=steps, seconds=time.perf_counter() - start
+                )
     qpos = built.qpos()
     rot, trans = built.link_pose(link.name)
-    moved = rot @ local + trans - hit.point
+    end_point = rot @ local + trans
     if not (
         np.all(np.isfinite(qpos))
-        and np.all(np.isfinite(moved))
+        and np.all(np.isfinite(end_point))
         and np.all(np.isfinite(gripper.position()))
-        and np.linalg.norm(moved) < 10
+        and np.linalg.norm(end_point - hit.point) < 10
     ):
         return Outcome.failed("blowup", link=link.name, steps=steps, seconds=time.perf_counter() - start)
-    dq = abs(float(qpos[index]) - q0)
-    lo, hi = link.joint.limits
-    span = max(hi - lo, 1e-9)
-    norm = float(np.linalg.norm(moved))
-    cosine = float(moved @ direction / norm) if norm > 1e-9 else 0.0
-    moved_enough = dq > MOVE_THRESHOLD or dq > RANGE_FRACTION * span
-    success = moved_enough and (primitive != "pull" or cosine > DIRECTION_COSINE)
+    dq = float(qpos[index]) - q0
+    span = joint_range(link)
+    cosine = direction_cosine(hit.point, end_point, direction)
+    success = protocol.rule.judge(dq, span, cosine, primitive)
     return Outcome(
-        bool(success), "", link.name, dq, min(1.0, dq / span), cosine, steps, time.perf_counter() - start
+        success,
+        "",
+        link.name,
+        abs(dq),
+        min(1.0, abs(dq) / max(span, 1e-9)),
+        cosine,
+        steps,
+        time.perf_counter() - start,
+        joint_range=span,
     )
 
 

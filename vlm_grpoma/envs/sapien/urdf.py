@@ -2,16 +2,18 @@
 ``mobility.urdf``) into a SAPIEN scene.
 
 Emitted link frames equal the joint frames ``scene.build_scene`` uses (x along the joint axis), so a scene
-loaded from the URDF matches one built directly. Loading strips ``<visual>`` elements unless rendering
-(visuals need a Vulkan device) and applies each joint's ``<dynamics friction>`` to the built joint, because
-SAPIEN's loader passes it to a builder argument that PhysX ignores. ``scene.build_urdf_scene`` turns a
-loaded URDF into parts and ``task.sample_urdf_episode`` samples episodes on it.
+loaded from the URDF matches one built directly. Loading gives a link that has visual meshes but no
+collision its visual meshes as collision (so what the camera sees can be touched), strips ``<visual>``
+elements unless rendering (visuals need a Vulkan device) and applies each joint's ``<dynamics friction>`` to
+the built joint, because SAPIEN's loader passes it to a builder argument that PhysX ignores. Collision meshes
+become convex shapes (``COLLISION_MODES``). ``scene.build_urdf_scene`` turns a loaded URDF into parts.
 """
 
 from __future__ import annotations
 
+import copy
+import importlib.util
 import math
-import re
 import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -19,6 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from vlm_grpoma.envs.sapien.objects import ArticulatedObject, Shape, link_frame, quat_to_matrix
+from vlm_grpoma.errors import MissingDependencyError
+
+#: how a collision mesh file becomes PhysX shapes: ``convex`` one convex hull per file (SAPIEN's default, as
+#: in ManipLLM's scenes), ``pieces`` one hull per mesh inside the file, ``coacd`` CoACD's approximate convex
+#: decomposition of each file (needs the ``coacd`` package; slow the first time, then cached by SAPIEN)
+COLLISION_MODES = ("convex", "pieces", "coacd")
 
 # SAPIEN turns a URDF cylinder (axis z) into its own (axis x) with this rotation about y; we undo it.
 _URDF_CYLINDER = np.array([[0.0, 0.0, -1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])  # Ry(-90 deg)
@@ -89,9 +97,41 @@ def to_urdf(obj: ArticulatedObject) -> str:
     return ET.tostring(robot, encoding="unicode")
 
 
-def strip_visuals(urdf: str) -> str:
-    """Remove ``<visual>`` elements (physics-only scenes have no renderer to take them)."""
-    return re.sub(r"<visual\b.*?</visual>|<visual\b[^>]*/>", "", urdf, flags=re.DOTALL)
+def resolve_asset_path(name: str, folder: Path) -> Path:
+    """A URDF mesh or texture path as a file: relative to the URDF's folder, or for ``package://`` names the
+    first match in the folder or one of its parents (as ROS tools resolve them)."""
+    folder = Path(folder).resolve()
+    if not name.startswith("package://"):
+        return folder / name
+    relative = name[len("package://") :]
+    for parent in (folder, *folder.parents):
+        if (parent / relative).is_file():
+            return parent / relative
+    return folder / relative
+
+
+def prepare_urdf(urdf: str, *, render: bool, folder: Path | None = None) -> str:
+    """URDF text ready to load: links with visuals but no collision get their visuals as collision; without
+    ``render`` every ``<visual>`` is removed (physics-only scenes have no renderer to take them); relative
+    mesh and texture paths are made absolute against ``folder``, so the text loads from anywhere."""
+    robot = ET.fromstring(urdf)
+    if folder is not None:
+        for element in (*robot.iter("mesh"), *robot.iter("texture")):
+            if element.get("filename"):
+                element.set("filename", str(resolve_asset_path(element.get("filename"), folder)))
+    for link in robot.iter("link"):
+        visuals = link.findall("visual")
+        if visuals and not link.findall("collision"):
+            for visual in visuals:
+                collision = copy.deepcopy(visual)
+                collision.tag = "collision"
+                for material in collision.findall("material"):
+                    collision.remove(material)
+                link.append(collision)
+        if not render:
+            for visual in visuals:
+                link.remove(visual)
+    return ET.tostring(robot, encoding="unicode")
 
 
 def joint_frictions(urdf: str) -> dict[str, float]:
@@ -105,21 +145,38 @@ def joint_frictions(urdf: str) -> dict[str, float]:
     return out
 
 
-def load_articulation(scene, urdf_path: str | Path, *, render: bool, density: float = 1000.0):
-    """Load a URDF file as a fixed-root articulation (visuals stripped unless ``render``); returns it."""
+def load_articulation(
+    scene,
+    urdf_path: str | Path,
+    *,
+    render: bool,
+    density: float = 1000.0,
+    scale: float = 1.0,
+    material: tuple[float, float, float] | None = None,
+    collision: str = "convex",
+):
+    """Load a URDF file as a fixed-root articulation scaled by ``scale``; ``material`` is (static friction,
+    dynamic friction, restitution) of its collision shapes; ``collision`` one of ``COLLISION_MODES``."""
+    if collision not in COLLISION_MODES:
+        raise ValueError(f"unknown collision mode {collision!r}; choose one of {', '.join(COLLISION_MODES)}")
+    if collision == "coacd" and importlib.util.find_spec("coacd") is None:
+        raise MissingDependencyError(
+            "collision mode coacd needs the coacd package (pip install coacd trimesh)"
+        )
     path = Path(urdf_path)
     text = path.read_text()
     loader = scene.create_urdf_loader()
     loader.fix_root_link = True
+    loader.scale = scale
     loader.set_density(density)
-    if render:
-        articulation = loader.load(str(path))
-    else:
-        # the stripped copy sits next to the original so relative mesh paths still resolve
-        with tempfile.NamedTemporaryFile("w", suffix=".urdf", dir=path.parent, delete=True) as f:
-            f.write(strip_visuals(text))
-            f.flush()
-            articulation = loader.load(f.name)
+    if material is not None:
+        loader.set_material(*material)
+    loader.load_multiple_collisions_from_file = collision != "convex"
+    loader.multiple_collisions_decomposition = "coacd" if collision == "coacd" else "none"
+    with tempfile.NamedTemporaryFile("w", suffix=".urdf", delete=True) as f:
+        f.write(prepare_urdf(text, render=render, folder=path.parent))
+        f.flush()
+        articulation = loader.load(f.name)
     frictions = joint_frictions(text)
     for joint in articulation.get_active_joints():
         joint.set_friction(frictions.get(joint.child_link.name, 0.0))
