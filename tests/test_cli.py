@@ -19,6 +19,8 @@ EXPECTED_COMMANDS = {
     "convert",
     "make-tiny-model",
     "env",
+    "fetch-mesa",
+    "launch-scripts",
 }
 
 

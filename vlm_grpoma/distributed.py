@@ -36,16 +36,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def import_deepspeed() -> Any:
-    """Import DeepSpeed: CPU accelerator without CUDA, JIT-built ops in the suite's cache (a user's
-    ``TORCH_EXTENSIONS_DIR`` wins; a shared default lock can stall a build until a timeout)."""
-    import torch
-
+def torch_extensions_dir() -> str:
+    """Where DeepSpeed's JIT-built ops go: a user's ``TORCH_EXTENSIONS_DIR``, else the suite's cache (a shared
+    default lock under ``~/.cache/torch_extensions`` can stall a build until a timeout)."""
     from vlm_grpoma.cache import cache_dir
+
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(cache_dir() / "torch_extensions")
+
+
+def import_deepspeed() -> Any:
+    """Import DeepSpeed: CPU accelerator without CUDA, JIT-built ops in :func:`torch_extensions_dir`."""
+    import torch
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
+    os.environ["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
     import deepspeed
 
     return deepspeed
