@@ -4,8 +4,9 @@ Started by ``launch/train.sh`` (``TRAIN_SCRIPT`` pointing here) with the argumen
 
     node_worker.py --config CONFIG.yaml [key=value ...]
 
-It trains exactly as ``vlm-grpoma train`` does (same config validation, same :class:`GRPOMATrainer`), then
-writes into ``$NODE_CHECK_DIR``: ``rank-{R}.safetensors`` (this rank's full parameters after training) and
+It trains exactly as ``vlm-grpoma train`` does (same config validation, same :class:`GRPOMATrainer`), with one
+extra reward a random tiny model's samples vary on (``launch_test_answer_length``: longer answers score more,
+so every step has a real, rank-dependent gradient to all-reduce), then writes into ``$NODE_CHECK_DIR``: ``rank-{R}.safetensors`` (this rank's full parameters after training) and
 ``rank-{R}.json`` (the process group as this rank saw it, the launcher's environment, its network namespace).
 """
 
@@ -18,6 +19,14 @@ from pathlib import Path
 
 import torch
 
+from vlm_grpoma.rewards.base import RewardResult
+from vlm_grpoma.rewards.registry import register_reward
+
+
+class AnswerLength:
+    def score(self, completions, records):
+        return RewardResult([min(len(c.answer_text), 40) / 40 for c in completions], {})
+
 
 def main(argv: list[str]) -> int:
     from safetensors.torch import save_file
@@ -26,10 +35,11 @@ def main(argv: list[str]) -> int:
     from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
 
     torch.set_num_threads(1)
+    register_reward("launch_test_answer_length", AnswerLength)
     if argv[:1] != ["--config"] or len(argv) < 2:
         raise SystemExit("usage: node_worker.py --config CONFIG.yaml [key=value ...]")
     config = load_config(argv[1], argv[2:])
-    validate(config, world_size=int(os.environ["WORLD_SIZE"]))
+    validate(config, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     trainer = GRPOMATrainer(config)
     trainer.train()
     rank = torch.distributed.get_rank()

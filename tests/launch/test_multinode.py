@@ -95,7 +95,11 @@ def test_two_nodes_on_loopback_train_alike_and_resume_only_at_the_same_world_siz
     # and per-rank data shards all belong to a world of 2).
     alone = subprocess.run(
         [Path(sys.executable).parent / "vlm-grpoma", "train", "--config", str(train_config)]
-        + [f"checkpoint.resume={step2}", f"logging.output_dir={tmp_path / 'alone'}"],
+        + [
+            f"checkpoint.resume={step2}",
+            f"logging.output_dir={tmp_path / 'alone'}",
+            "rewards.weights={format: 1.0}",
+        ],
         env=launcher_env(),
         capture_output=True,
         text=True,
@@ -113,7 +117,13 @@ def test_two_nodes_on_loopback_train_alike_and_resume_only_at_the_same_world_siz
     resumed = subprocess.run(
         ["bash", str(TRAIN_SH), str(train_config)]
         + [f"checkpoint.resume={step2}", f"logging.output_dir={single / 'run'}"],
-        env=launcher_env(HOSTFILE=str(single / "hostfile"), NODE_RANK="0", MASTER_PORT=str(free_port())),
+        env=launcher_env(
+            HOSTFILE=str(single / "hostfile"),
+            NODE_RANK="0",
+            MASTER_PORT=str(free_port()),
+            TRAIN_SCRIPT=str(NODE_WORKER),
+            NODE_CHECK_DIR=str(single / "ranks"),
+        ),
         cwd=single,
         capture_output=True,
         text=True,
@@ -122,10 +132,11 @@ def test_two_nodes_on_loopback_train_alike_and_resume_only_at_the_same_world_siz
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     after = single / "run" / "checkpoints" / f"step-{STEPS:08d}"
     assert json.loads((after / "checkpoint.json").read_text())["world_size"] == 2
-    two_node = load_model_file(run / "checkpoints" / f"step-{STEPS:08d}" / "model")
-    one_node = load_model_file(after / "model")
-    for name, value in two_node.items():
-        assert torch.equal(value, one_node[name]), f"resumed step {STEPS} differs at {name}"
+    two_node = rank_reports(checks, 2)[0][1]
+    for seen, params in rank_reports(single / "ranks", 2):
+        assert seen["world_size"] == 2 and seen["env"]["CROSS_SIZE"] == "1" and seen["steps"] == STEPS
+        for name, value in two_node.items():
+            assert torch.equal(value, params[name]), f"rank {seen['rank']} resumed to other weights at {name}"
     [row] = [json.loads(line) for line in (single / "run" / "metrics.jsonl").read_text().splitlines()]
     assert row["step"] == STEPS and row["reward/total_mean"] == rows[-1]["reward/total_mean"]
 
