@@ -18,7 +18,7 @@ from pathlib import Path
 
 import vlm_grpoma
 from vlm_grpoma.cache import cache_dir
-from vlm_grpoma.distributed import torch_extensions_dir
+from vlm_grpoma.distributed import prepare_jit_builds, torch_extensions_dir
 
 PACKAGES = (
     "torch",
@@ -72,13 +72,14 @@ def _version(name: str) -> str | None:
 
 
 def _run_probe(code: str, *args: str, timeout: float = 180.0) -> Probe:
+    prepare_jit_builds()  # the probe's DeepSpeed builds its ops where and as the suite's processes do
     try:
         result = subprocess.run(
             [sys.executable, "-c", code, *args],
             capture_output=True,
             text=True,
             timeout=timeout,
-            env={**os.environ, "PYTHONWARNINGS": "ignore", "TORCH_EXTENSIONS_DIR": torch_extensions_dir()},
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
         )
     except subprocess.TimeoutExpired:
         return Probe(False, f"timed out after {timeout:.0f} s")

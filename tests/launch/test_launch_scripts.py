@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from conftest import REPO, TRAIN_SH, launcher_env
+from launch_support import REPO, TRAIN_SH, launcher_env
 
 from vlm_grpoma import cli
 from vlm_grpoma.launch_scripts import SCRIPTS

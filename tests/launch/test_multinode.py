@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NODE_WORKER, TRAIN_SH, explain, launcher_env, rank_reports, run_together
+from launch_support import NODE_WORKER, TRAIN_SH, explain, launcher_env, rank_reports, run_together
 
 from vlm_grpoma.config import load_config
 from vlm_grpoma.distributed import free_port

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NODE_WORKER, explain, launcher_env, rank_reports, run_together
+from launch_support import NODE_WORKER, explain, launcher_env, rank_reports, run_together
 
 from vlm_grpoma.distributed import free_port
 from vlm_grpoma.launch_scripts import write_launch_scripts

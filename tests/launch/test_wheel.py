@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from launch_support import REPO
 
 from vlm_grpoma import __version__
 
@@ -116,6 +116,9 @@ def venv(built, tmp_path_factory) -> Path:
     # Real paths: the same spelling of DeepSpeed's folder as the launcher uses, so JIT ops are not rebuilt.
     borrowed = [os.path.realpath(p) for p in site.getsitepackages()]
     (purelib / "_borrowed_test_env.pth").write_text("\n".join(borrowed) + "\n")
+    # ...and the one executable of theirs the suite runs: ninja, for DeepSpeed's JIT builds (pip puts it in bin/).
+    if ninja := shutil.which("ninja", path=str(Path(sys.executable).parent)):
+        os.symlink(ninja, fresh / "bin" / "ninja")
     # --ignore-installed: pip must not touch the checkout's own (editable) vlm-grpoma it can see.
     run(
         [
