@@ -25,12 +25,12 @@ $(CACHE)/wheels/.dashscope: | $(STAMP)
 	$(BIN)/pip download --quiet --no-deps --only-binary=:all: dashscope==2.0.2 -d $(CACHE)/wheels
 	touch $@
 
-# Mesa >= 25 lavapipe (CPU Vulkan) for SAPIEN rendering, unpacked into the cache; the system is not changed.
+# Mesa >= 25 lavapipe (CPU Vulkan) for SAPIEN rendering, unpacked into the cache by `vlm-grpoma fetch-mesa`
+# (what an installed wheel's user runs too); the system is not changed.
 # Where it cannot be fetched, rendering tests skip and say why (physics needs no Vulkan), and the next make
 # tries again: the stamp is written only after a successful fetch.
-$(CACHE)/mesa/.done: scripts/fetch_mesa.sh
-	bash scripts/fetch_mesa.sh $(CACHE)/mesa
-	if [ ! -f $(CACHE)/mesa/FAILED ]; then touch $@; fi
+$(CACHE)/mesa/.done: vlm_grpoma/envs/sapien/fetch_mesa.sh | $(STAMP)
+	if $(BIN)/vlm-grpoma fetch-mesa --dest $(CACHE)/mesa; then touch $@; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check vlm_grpoma tests benchmarks

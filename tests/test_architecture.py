@@ -17,7 +17,7 @@ LAYERS: list[set[str]] = [
     {"envs", "datasets", "models"},
     {"rewards", "rollout"},
     {"trainer", "eval"},
-    {"demo", "env_report", "cli"},
+    {"demo", "env_report", "cli", "launch_scripts"},
 ]
 #: Imports allowed between parts of the same layer (anything else within a layer is forbidden).
 SAME_LAYER_ALLOWED = {

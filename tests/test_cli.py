@@ -21,6 +21,8 @@ EXPECTED_COMMANDS = {
     "check-data",
     "make-tiny-model",
     "env",
+    "fetch-mesa",
+    "launch-scripts",
 }
 
 

@@ -234,6 +234,22 @@ def _env_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-probe", action="store_true", help="skip the DeepSpeed/SAPIEN functional probes")
 
 
+def _fetch_mesa_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dest",
+        default=None,
+        help="target folder (default: <cache>/mesa, where SAPIEN finds it; the cache is $VLM_GRPOMA_CACHE, "
+        "else ~/.cache/vlm-grpoma)",
+    )
+
+
+def _launch_scripts_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--out", required=True, help="folder to write train.sh, slurm.sbatch, hostfile.example into"
+    )
+    p.add_argument("--force", action="store_true", help="overwrite files that already exist there")
+
+
 COMMANDS: tuple[Command, ...] = (
     Command(
         "demo", "train the built-in demo on CPU in minutes and report", "vlm_grpoma.demo:main", _demo_args
@@ -297,6 +313,18 @@ COMMANDS: tuple[Command, ...] = (
         "versions, devices, DeepSpeed ops, SAPIEN physics/render availability",
         "vlm_grpoma.env_report:main",
         _env_args,
+    ),
+    Command(
+        "fetch-mesa",
+        "fetch Mesa lavapipe (CPU Vulkan, Debian/Ubuntu apt) into the cache for SAPIEN rendering",
+        "vlm_grpoma.envs.sapien.vulkan:fetch_main",
+        _fetch_mesa_args,
+    ),
+    Command(
+        "launch-scripts",
+        "write the multi-GPU / multi-node launchers (deepspeed, Slurm) into a folder",
+        "vlm_grpoma.launch_scripts:main",
+        _launch_scripts_args,
     ),
 )
 

@@ -36,16 +36,37 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def import_deepspeed() -> Any:
-    """Import DeepSpeed: CPU accelerator without CUDA, JIT-built ops in the suite's cache (a user's
-    ``TORCH_EXTENSIONS_DIR`` wins; a shared default lock can stall a build until a timeout)."""
-    import torch
-
+def torch_extensions_dir() -> str:
+    """Where DeepSpeed's JIT-built ops go: a user's ``TORCH_EXTENSIONS_DIR``, else the suite's cache (a shared
+    default lock under ``~/.cache/torch_extensions`` can stall a build until a timeout)."""
     from vlm_grpoma.cache import cache_dir
+
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(cache_dir() / "torch_extensions")
+
+
+def prepare_jit_builds() -> None:
+    """Set this process's environment for DeepSpeed's JIT builds: the ops folder, and the ``ninja`` that pip
+    installed with DeepSpeed first on PATH, as an activated venv would have it. torch runs whatever ``ninja``
+    is on PATH (none at all without activation on a machine lacking a system one), and two ninja versions
+    (a system 1.11, pip's 1.13) record build commands differently, so processes finding different ones
+    rebuild each other's ops on every switch."""
+    os.environ["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
+    try:
+        import ninja
+    except ImportError:
+        return
+    path = os.environ.get("PATH", "")
+    if ninja.BIN_DIR and path.split(os.pathsep)[0] != ninja.BIN_DIR:
+        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, path]) if path else ninja.BIN_DIR
+
+
+def import_deepspeed() -> Any:
+    """Import DeepSpeed: CPU accelerator without CUDA, JIT builds prepared by :func:`prepare_jit_builds`."""
+    import torch
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
+    prepare_jit_builds()
     import deepspeed
 
     return deepspeed

@@ -14,6 +14,11 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from importlib import metadata
+from pathlib import Path
+
+import vlm_grpoma
+from vlm_grpoma.cache import cache_dir
+from vlm_grpoma.distributed import prepare_jit_builds, torch_extensions_dir
 
 PACKAGES = (
     "torch",
@@ -67,6 +72,7 @@ def _version(name: str) -> str | None:
 
 
 def _run_probe(code: str, *args: str, timeout: float = 180.0) -> Probe:
+    prepare_jit_builds()  # the probe's DeepSpeed builds its ops where and as the suite's processes do
     try:
         result = subprocess.run(
             [sys.executable, "-c", code, *args],
@@ -107,9 +113,7 @@ def _deepspeed_ops() -> dict[str, object]:
     return {
         "accelerator": get_accelerator().device_name(),
         "cpu_adam_compatible": bool(CPUAdamBuilder().is_compatible(verbose=False)),
-        "torch_extensions_dir": os.environ.get(
-            "TORCH_EXTENSIONS_DIR", "(default: ~/.cache/torch_extensions)"
-        ),
+        "torch_extensions_dir": torch_extensions_dir(),
     }
 
 
@@ -133,6 +137,11 @@ def collect(probe: bool = True) -> dict[str, object]:
     report: dict[str, object] = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        "vlm_grpoma": {
+            "version": vlm_grpoma.__version__,
+            "location": str(Path(vlm_grpoma.__file__).parent),
+            "cache": str(cache_dir()),
+        },
         "packages": {name: _version(name) for name in PACKAGES},
         "devices": devices,
         "deepspeed_ops": _deepspeed_ops(),
@@ -149,6 +158,8 @@ def collect(probe: bool = True) -> dict[str, object]:
 
 def _print_human(report: dict[str, object]) -> None:
     print(f"vlm-grpoma environment — Python {report['python']} on {report['platform']}")
+    for key, value in report["vlm_grpoma"].items():
+        print(f"  {key:<14} {value}")
     print("packages:")
     for name, version in report["packages"].items():
         print(f"  {name:<14} {version or 'not installed'}")

@@ -9,16 +9,13 @@ import subprocess
 import threading
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from vlm_grpoma.envs.sapien.pool import SimPool, WorkerCrash
 from vlm_grpoma.envs.sapien.task import ExecConfig, execute, sample_split_episode
-from vlm_grpoma.envs.sapien.vulkan import rendering_status
+from vlm_grpoma.envs.sapien.vulkan import FETCH_SCRIPT, fetch_mesa, rendering_status
 from vlm_grpoma.eval.manipulation import random_action
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +82,7 @@ def test_fetch_mesa_without_apt_warns_and_exits_zero(tmp_path, monkeypatch):
         os.symlink(shutil.which(tool), tools / tool)
     dest = tmp_path / "mesa"
     proc = subprocess.run(
-        ["/bin/bash", str(REPO / "scripts/fetch_mesa.sh"), str(dest)],
+        ["/bin/bash", str(FETCH_SCRIPT), str(dest)],
         capture_output=True,
         text=True,
         env={"PATH": str(tools)},
@@ -99,15 +96,13 @@ def test_fetch_mesa_without_apt_warns_and_exits_zero(tmp_path, monkeypatch):
     assert not ok and "apt-get/dpkg not found" in reason
 
 
-def test_fetch_mesa_is_idempotent(tmp_path):
+def test_fetch_mesa_is_idempotent(tmp_path, capfd):
     dest = tmp_path / "mesa"
     dest.mkdir()
     (dest / ".ok").touch()
     (dest / "lvp_icd.json").write_text("{}")
-    proc = subprocess.run(
-        ["bash", str(REPO / "scripts/fetch_mesa.sh"), str(dest)], capture_output=True, text=True
-    )
-    assert proc.returncode == 0 and "already fetched" in proc.stdout
+    assert fetch_mesa(dest) == dest / "lvp_icd.json"
+    assert "already fetched" in capfd.readouterr().out
 
 
 def test_worker_that_died_idle_is_replaced_before_use(pool):

@@ -1,7 +1,8 @@
 """Point SAPIEN's Vulkan loader at the project's Mesa lavapipe and report what works.
 
-``scripts/fetch_mesa.sh`` (run by ``make setup``) unpacks Mesa >= 25 lavapipe into ``<cache>/mesa`` and
-writes ``lvp_icd.json`` (the cache: :func:`vlm_grpoma.cache.cache_dir`). ``configure_icd`` exports
+``fetch_mesa.sh`` (shipped beside this module; run by ``vlm-grpoma fetch-mesa`` and ``make setup``) unpacks
+Mesa >= 25 lavapipe into ``<cache>/mesa`` and writes ``lvp_icd.json`` (the cache:
+:func:`vlm_grpoma.cache.cache_dir`). ``configure_icd`` exports
 ``VK_ICD_FILENAMES`` before SAPIEN creates its renderer (a user's own setting wins). The status probes are
 what ``vlm-grpoma env`` prints; the rendering probe runs in a child process because a broken Vulkan driver
 can abort the process that tries it.
@@ -9,20 +10,29 @@ can abort the process that tries it.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import subprocess
 import sys
 import warnings
+from importlib import resources
 from pathlib import Path
 
 from vlm_grpoma.cache import cache_dir
+from vlm_grpoma.errors import MissingDependencyError
 
 PROBE_TIMEOUT_S = 120
+#: The fetch script (package data), run with bash: ``fetch_mesa.sh DEST``.
+FETCH_SCRIPT = resources.files("vlm_grpoma.envs.sapien") / "fetch_mesa.sh"
+
+
+def mesa_dir() -> Path:
+    return cache_dir() / "mesa"
 
 
 def icd_path() -> Path | None:
-    path = cache_dir() / "mesa" / "lvp_icd.json"
+    path = mesa_dir() / "lvp_icd.json"
     return path if path.is_file() else None
 
 
@@ -51,12 +61,37 @@ def import_sapien():
 
 
 def _missing_reason() -> str:
-    failed = cache_dir() / "mesa" / "FAILED"
+    failed = mesa_dir() / "FAILED"
     detail = f" ({failed.read_text().strip()})" if failed.is_file() else ""
     return (
-        f"no Vulkan ICD: {cache_dir() / 'mesa' / 'lvp_icd.json'} is missing{detail}; "
-        "run `make setup` (scripts/fetch_mesa.sh) or set VK_ICD_FILENAMES"
+        f"no Vulkan ICD: {mesa_dir() / 'lvp_icd.json'} is missing{detail}; "
+        "run `vlm-grpoma fetch-mesa` or set VK_ICD_FILENAMES"
     )
+
+
+def fetch_mesa(dest: Path | None = None) -> Path:
+    """Fetch Mesa lavapipe into ``dest`` (default ``<cache>/mesa``) with the shipped script; the ICD file, or
+    MissingDependencyError with the script's reason (no apt, no mirror, an old Mesa, no network)."""
+    dest = dest or mesa_dir()
+    with resources.as_file(FETCH_SCRIPT) as script:
+        proc = subprocess.run(["bash", str(script), str(dest)])
+    failed = dest / "FAILED"
+    if failed.is_file():
+        raise MissingDependencyError(f"Mesa lavapipe not fetched into {dest}: {failed.read_text().strip()}")
+    icd = dest / "lvp_icd.json"
+    if proc.returncode != 0 or not icd.is_file():
+        raise MissingDependencyError(f"{FETCH_SCRIPT.name} exited with {proc.returncode}; {icd} is missing")
+    return icd
+
+
+def fetch_main(args: argparse.Namespace) -> int:
+    """``vlm-grpoma fetch-mesa`` handler."""
+    icd = fetch_mesa(Path(args.dest) if args.dest else None)
+    if icd == mesa_dir() / "lvp_icd.json":
+        print(f"Vulkan ICD {icd}: SAPIEN uses it from the cache ({cache_dir()})")
+    else:
+        print(f"Vulkan ICD {icd}: outside the cache, so export VK_ICD_FILENAMES={icd} before rendering")
+    return 0
 
 
 _PROBE = """

@@ -1,0 +1,62 @@
+"""The launchers ship in the package: `vlm-grpoma launch-scripts` writes the same files as the checkout's
+launch/, and train.sh refuses unusable input with one line before starting the launcher."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from launch_support import REPO, TRAIN_SH, launcher_env
+
+from vlm_grpoma import cli
+from vlm_grpoma.launch_scripts import SCRIPTS
+
+
+def test_launch_scripts_writes_the_checkout_launchers_and_never_overwrites_silently(tmp_path, capsys):
+    out = tmp_path / "launch"
+    assert cli.main(["launch-scripts", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(SCRIPTS)
+    for name in SCRIPTS:
+        assert (out / name).read_bytes() == (REPO / "launch" / name).read_bytes(), name
+    assert os.access(out / "train.sh", os.X_OK) and not os.access(out / "hostfile.example", os.X_OK)
+
+    (out / "slurm.sbatch").write_text("#SBATCH --partition=mine\n")  # a user's edits
+    capsys.readouterr()
+    assert cli.main(["launch-scripts", "--out", str(out)]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("vlm-grpoma launch-scripts: error:") and "--force" in error
+    assert (out / "slurm.sbatch").read_text() == "#SBATCH --partition=mine\n"
+    assert cli.main(["launch-scripts", "--out", str(out), "--force"]) == 0
+    assert (out / "slurm.sbatch").read_bytes() == (REPO / "launch" / "slurm.sbatch").read_bytes()
+
+
+def train_sh(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(TRAIN_SH), *args], env=launcher_env(**env), cwd=tmp_path, capture_output=True, text=True
+    )
+
+
+def test_train_sh_refuses_a_missing_config_or_hostfile_in_one_line(tmp_path):
+    missing = train_sh(tmp_path, "nope.yaml")
+    assert missing.returncode == 2 and missing.stderr == "train.sh: config file nope.yaml not found\n"
+
+    config = tmp_path / "run.yaml"
+    config.write_text("train: {steps: 1}\n")
+    no_hostfile = train_sh(tmp_path, str(config), HOSTFILE="hostfile", NODE_RANK="0")
+    assert no_hostfile.returncode == 2
+    assert no_hostfile.stderr.startswith("train.sh: HOSTFILE hostfile not found")
+
+    (tmp_path / "hostfile").write_text("# nothing listed yet\n\n")
+    empty = train_sh(tmp_path, str(config), HOSTFILE="hostfile", NODE_RANK="0")
+    assert empty.returncode == 2 and empty.stderr == "train.sh: HOSTFILE hostfile lists no host\n"
+
+    no_launcher = train_sh(tmp_path, str(config), DEEPSPEED="no-such-deepspeed")
+    assert no_launcher.returncode == 2 and "no-such-deepspeed) is not on PATH" in no_launcher.stderr
+
+
+def test_train_sh_help_is_its_header():
+    shown = subprocess.run(["bash", str(TRAIN_SH), "--help"], capture_output=True, text=True)
+    assert shown.returncode == 2
+    assert shown.stdout.startswith("Train under the DeepSpeed launcher")
+    assert "set -euo" not in shown.stdout and shown.stdout.rstrip().endswith("hostfile.example into DIR.")
