@@ -7,23 +7,13 @@ import math
 
 import pytest
 import torch
+from length_reward import AnswerLength  # noqa: F401  (registers test_answer_length)
 
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 from vlm_grpoma.rewards.base import RewardResult, register_reward
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
 from vlm_grpoma.trainer.logprobs import path_log_probs
 from vlm_grpoma.trainer.scoring import score_tree
-
-
-@register_reward("test_answer_length")
-class AnswerLength:
-    """Longer answers score more: a reward a random tiny model's samples actually vary on."""
-
-    name = "test_answer_length"
-
-    def score(self, completions, records):
-        total = [min(len(c.answer_text), 40) / 40 for c in completions]
-        return RewardResult(total, {"chars": [float(len(c.answer_text)) for c in completions]})
 
 
 @register_reward("test_poisoned")

@@ -17,10 +17,11 @@ Log-probs are vLLM's ``raw_logprobs`` (before temperature, top-k/p and banned to
 banned through ``bad_words``; each banned string encodes to its single special-token id.
 
 Weights follow the policy through vLLM's in-place ``reload_weights`` (checkpoint names, LoRA merged, ZeRO-3
-gathered), after which every cache computed with the old weights is dropped: prefix (KV) blocks, encoder
-(vision embedding) outputs and the multimodal caches. CUDA and CPU builds share every step except where the CPU
-build differs, each in a function or constant named for it: the KV block size and cache size, sleep mode
-(refused), and re-packing an output layer tied to the embedding after a reload.
+gathered), after which every cache computed with the old weights is dropped: prefix (KV) blocks and encoder
+(vision embedding) outputs. CUDA and CPU builds share every step except three, each in a function or
+constant named for it: the default KV block size (:data:`CPU_BLOCK_SIZE`), sleep mode (refused on CPU,
+:func:`check_options`), and re-packing an output layer tied to the embedding after a reload
+(:func:`repack_tied_output_layers`).
 
 Everything that does not need vLLM (request building, reading vLLM-shaped outputs, stop trimming, closing
 truncated thoughts, assembling the tree, naming weights, the engine's arguments per platform) is a plain
@@ -737,8 +738,10 @@ class VLLMRolloutEngine:
         return counted.count
 
     def reset_weight_caches(self) -> None:
-        """Forget everything computed with earlier weights: KV blocks of cached prefixes, the vision encoder's
-        outputs (image embeddings) and the multimodal caches of engine and workers."""
+        """Forget everything computed with earlier weights: KV blocks of cached prefixes and the vision encoder's
+        outputs (image embeddings; without this reset the next image request fails "Encoder cache miss"). The
+        multimodal input caches hold preprocessed images, not weights, but vLLM's reload clears the workers'
+        side, so the engine's side is cleared with it to keep the two in step."""
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache (requests still running)")
         self.llm.llm_engine.reset_encoder_cache()
