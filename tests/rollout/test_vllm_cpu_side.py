@@ -7,8 +7,8 @@ backend cannot run. The real engine runs in ``test_backend_contract.py`` and ``t
 from __future__ import annotations
 
 import copy
-import importlib.util
 import random
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,7 +194,9 @@ def test_requests_for_each_phase(loaded):
     for prompt, req in zip(prompts, thoughts):
         assert req.prompt_token_ids == collapse_image_placeholders(prompt.input_ids.tolist(), tokens.image_id)
         assert req.prompt()["multi_modal_data"]["image"] is prompt.image
-        assert req.mm_processor_kwargs == {"min_pixels": adapter.min_pixels, "max_pixels": adapter.max_pixels}
+        assert req.mm_processor_kwargs == {
+            "size": {"shortest_edge": adapter.min_pixels, "longest_edge": adapter.max_pixels}
+        }
         s = req.sampling
         assert (s["n"], s["max_tokens"], s["stop"], s["include_stop_str_in_output"]) == (
             3,
@@ -672,7 +674,9 @@ def test_engine_arguments_agree_across_platforms_except_the_cpu_block_size(loade
     assert cpu == cuda
     assert cuda["kv_cache_memory_bytes"] == 2**29 and cuda["logprobs_mode"] == "raw_logprobs"
     assert cuda["distributed_executor_backend"] == "external_launcher" and cuda["seed"] == 3
-    assert cuda["mm_processor_kwargs"] == {"min_pixels": adapter.min_pixels, "max_pixels": adapter.max_pixels}
+    assert cuda["mm_processor_kwargs"] == {
+        "size": {"shortest_edge": adapter.min_pixels, "longest_edge": adapter.max_pixels}
+    }
     chosen = VLLMOptions(block_size=16)
     for device in ("cuda", "cpu"):
         arguments = engine_arguments("ckpt", adapter, chosen, device, seed=0, trust_remote_code=False)
@@ -695,9 +699,9 @@ def _vllm_config(folder) -> Config:
     return Config(model=ModelConfig(name_or_path=str(folder)), rollout=RolloutConfig(backend="vllm"))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
-def test_vllm_not_installed_fails_with_one_line(loaded):
+def test_vllm_not_installed_fails_with_one_line(loaded, monkeypatch):
     folder, model, _ = loaded
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails, as where it is not installed
     with pytest.raises(MissingDependencyError) as err:
         build_rollout_engine(_vllm_config(folder), model.model, model.adapter)
     message = str(err.value)

@@ -177,6 +177,12 @@ class VLLMOptions:
         )
 
 
+def pixel_bounds(min_pixels: int, max_pixels: int) -> dict[str, Any]:
+    """The Qwen-VL image processor's resize bounds as ``mm_processor_kwargs`` (its ``size`` argument; the older
+    ``min_pixels``/``max_pixels`` keywords are deprecated in transformers 5.19 and removed in 5.23)."""
+    return {"size": {"shortest_edge": min_pixels, "longest_edge": max_pixels}}
+
+
 def check_options(options: VLLMOptions, device: str) -> None:
     """Refuse, with the config key, what the platform's vLLM build does not support (before vLLM is built)."""
     if device == "cpu" and options.enable_sleep_mode:
@@ -213,7 +219,7 @@ def engine_arguments(
         "logprobs_mode": "raw_logprobs",
         "generation_config": "vllm",
         "limit_mm_per_prompt": {"image": 1, "video": 0},
-        "mm_processor_kwargs": {"min_pixels": adapter.min_pixels, "max_pixels": adapter.max_pixels},
+        "mm_processor_kwargs": pixel_bounds(adapter.min_pixels, adapter.max_pixels),
     }
     if block_size is not None:
         arguments["block_size"] = block_size
@@ -228,7 +234,7 @@ class Request:
 
     prompt_token_ids: list[int]
     image: Image.Image
-    mm_processor_kwargs: dict[str, int]
+    mm_processor_kwargs: dict[str, Any]
     sampling: dict[str, Any]
 
     def prompt(self) -> dict[str, Any]:
@@ -302,9 +308,7 @@ class RequestBuilder:
         ids = collapse_image_placeholders(prompt.input_ids.tolist(), self.tokens.image_id) + list(
             continuation
         )
-        return Request(
-            ids, prompt.image, {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels}, sampling
-        )
+        return Request(ids, prompt.image, pixel_bounds(self.min_pixels, self.max_pixels), sampling)
 
     @staticmethod
     def _filters(temperature: float, params: SamplingParams) -> dict[str, Any]:
