@@ -37,6 +37,7 @@ from vlm_grpoma.rollout.vllm import (
     check_expansion,
     close_thought,
     collapse_image_placeholders,
+    context_length,
     engine_arguments,
     first_stop,
     forced_logprobs,
@@ -664,14 +665,20 @@ def test_build_device_comes_from_the_distribution_name_or_local_version():
     assert VLLMBuild("vllm", "0.33.0+cu130").device == "cuda"
 
 
-def test_engine_arguments_agree_across_platforms_except_the_cpu_block_size(loaded):
+def test_engine_arguments_agree_across_platforms_except_the_cpu_branches(loaded):
     _, model, _ = loaded
     adapter = model.adapter
     options = VLLMOptions(dtype="float32", max_model_len=1024, kv_cache_gib=0.5)
     cuda = engine_arguments("ckpt", adapter, options, "cuda", seed=3, trust_remote_code=False)
     cpu = engine_arguments("ckpt", adapter, options, "cpu", seed=3, trust_remote_code=False)
     assert "block_size" not in cuda and cpu.pop("block_size") == CPU_BLOCK_SIZE == 32
+    # CPU prefills every prompt in one step: no chunked prefill, a step budget covering the longest sequence
+    assert (cpu.pop("enable_chunked_prefill"), cpu.pop("max_num_batched_tokens")) == (False, 4096)
     assert cpu == cuda
+    long = engine_arguments(
+        "ckpt", adapter, VLLMOptions(), "cpu", seed=0, trust_remote_code=False, max_len=32768
+    )
+    assert long["max_num_batched_tokens"] == 32768 and long["max_model_len"] is None
     assert cuda["kv_cache_memory_bytes"] == 2**29 and cuda["logprobs_mode"] == "raw_logprobs"
     assert cuda["distributed_executor_backend"] == "external_launcher" and cuda["seed"] == 3
     assert cuda["mm_processor_kwargs"] == {
@@ -681,6 +688,11 @@ def test_engine_arguments_agree_across_platforms_except_the_cpu_block_size(loade
     for device in ("cuda", "cpu"):
         arguments = engine_arguments("ckpt", adapter, chosen, device, seed=0, trust_remote_code=False)
         assert arguments["block_size"] == 16 and "kv_cache_memory_bytes" not in arguments
+
+
+def test_context_length_is_the_language_models_position_limit(loaded):
+    folder, _, _ = loaded
+    assert context_length(str(folder)) == 4096  # the tiny models' max_position_embeddings
 
 
 def test_sleep_mode_on_cpu_fails_with_the_config_key(loaded):

