@@ -92,6 +92,24 @@ def test_the_cpu_build_is_detected_and_sleep_mode_refused_before_vllm_is_built(p
         build_rollout_engine(vllm_config(model_cfg, enable_sleep_mode=True), loaded.model, loaded.adapter)
 
 
+def test_a_build_without_a_usable_device_fails_with_one_line(monkeypatch):
+    """A CUDA build of vLLM on a machine without a GPU resolves to no platform: the backend says so."""
+    from vllm.platforms import current_platform
+
+    from vlm_grpoma.errors import MissingDependencyError
+    from vlm_grpoma.rollout.vllm import import_vllm
+
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
+    with pytest.raises(MissingDependencyError) as err:
+        import_vllm()
+    message = str(err.value)
+    assert (
+        "\n" not in message
+        and "finds no device it supports here" in message
+        and "rollout.backend=hf" in message
+    )
+
+
 def test_phase_two_reads_the_prefix_cache_at_our_prompt_lengths(prompts_and_model, engine):
     """Every full 32-token block of a phase-2 prompt (image, prompt, thought: ~225 tokens here) comes from the
     cache; CPU vLLM's default 128-token blocks would leave ~40 % of these prompts uncached, and all of a

@@ -8,7 +8,7 @@ reuse the KV blocks of image + prompt + thought, so phase 2 costs little more th
 
 vLLM expands each ``<|image_pad|>`` of a token prompt into the image's tokens itself, so requests carry the
 prompt with every run of image placeholders collapsed to one, plus the resized PIL image and the adapter's
-``min_pixels``/``max_pixels``; the expanded prompt vLLM reports back is checked against ours, so a different
+pixel bounds; the expanded prompt vLLM reports back is checked against ours, so a different
 resize fails loudly instead of training on misaligned image tokens.
 
 Log-probs are vLLM's ``raw_logprobs`` (before temperature, top-k/p and banned tokens) of the sampled token
