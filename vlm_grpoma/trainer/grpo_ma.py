@@ -28,7 +28,7 @@ from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import CommandError
 from vlm_grpoma.rewards.registry import build_rewards
-from vlm_grpoma.rollout.backends import build_rollout_engine, logprob_mismatch, sync_weights
+from vlm_grpoma.rollout.backends import build_rollout_engine, logprob_mismatch
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.trainer.base import Trainer
@@ -174,7 +174,7 @@ class GRPOMATrainer(Trainer):
                     tokens=tokens,
                 )
             result = self.engine.step()
-            sync_weights(self.rollout, self.engine)
+            self.rollout.update_weights(self.engine)
             grad_norms.append(result.grad_norm)
             stats.add(skipped=float(result.skipped), learning_rate=result.learning_rate)
         epochs = algo.policy_epochs

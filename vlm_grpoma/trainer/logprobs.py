@@ -2,8 +2,8 @@
 
 Each (prompt, thought k, answer m) path is one left-padded row ``prompt + thought_k + answer_km``; a forward
 over the rows gives every answer's log-probs, and the thought's from its first path (m = 0), so each thought
-enters the loss once. The shared prefix is recomputed for every path here; issue #7's packed pass removes
-that cost and must reproduce these numbers.
+enters the loss once. The shared prefix is recomputed for every path here; the shared-prefix pass
+(``trainer/packed.py``) removes that cost and is tested to reproduce these numbers.
 """
 
 from __future__ import annotations
