@@ -19,6 +19,7 @@ DESIGN_COMMANDS = {
     "convert",
     "make-tiny-model",
     "env",
+    "plan",
 }
 
 

@@ -116,6 +116,30 @@ def _tiny_model_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    from vlm_grpoma.planning.assumptions import ASSUMPTIONS
+
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.description = (
+        "Per-GPU memory of a run config before launching it: parameter counts from the model built on the "
+        "meta device, model states, training pass, rollout, a verdict and the first knob to turn. Exit code 0 "
+        "when it fits and the config agrees with its architecture, else 1.\n\nHow each part is estimated:\n"
+        + ASSUMPTIONS
+    )
+    p.add_argument("config", help="YAML run config")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. model.lora.r=32")
+    p.add_argument(
+        "--gpus", type=int, default=None, help="GPUs per node (default: the config's # Hardware line, else 1)"
+    )
+    p.add_argument("--nodes", type=int, default=None, help="nodes (default: the # Hardware line, else 1)")
+    p.add_argument(
+        "--gpu-mem",
+        type=float,
+        default=None,
+        help="memory per GPU in GB (default: the # Hardware line, else 80)",
+    )
+
+
 def _env_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument("--no-probe", action="store_true", help="skip the DeepSpeed/SAPIEN functional probes")
@@ -166,6 +190,12 @@ COMMANDS: tuple[Command, ...] = (
         "build a tiny Qwen-VL model + processor offline",
         "vlm_grpoma.models.tiny:main",
         _tiny_model_args,
+    ),
+    Command(
+        "plan",
+        "will a config fit its GPUs? memory per GPU, verdict, first knob to turn",
+        "vlm_grpoma.planning.report:main",
+        _plan_args,
     ),
     Command(
         "env",
