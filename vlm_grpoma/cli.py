@@ -110,9 +110,15 @@ def _tiny_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--preset",
-        choices=("tiny", "small", "bench"),
+        choices=("tiny", "small", "bench", "window"),
         default="tiny",
-        help="tiny: fastest (tests); small: learns the shapes task on CPU; bench: larger, for benchmarks",
+        help="tiny: fastest (tests); small: learns the shapes task on CPU; bench: larger, for benchmarks; "
+        "window: tiny with Qwen2.5-VL's real 112-px attention windows",
+    )
+    p.add_argument(
+        "--real-vocab",
+        action="store_true",
+        help="the real Qwen2 tokenizer and 151,936-token embedding (needs the cached dashscope wheel)",
     )
 
 
