@@ -281,17 +281,18 @@ def build_config(arch: str, preset: TinyPreset, tokenizer, vocab_size: int | Non
     return cls(text_config=text, vision_config=vision, tie_word_embeddings=True, **_special_ids(tokenizer))
 
 
-def build_processor(arch: str, tokenizer):
-    """Image + video processors with small pixel bounds, wrapped in the family's processor class."""
+def build_processor(arch: str, tokenizer, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS):
+    """Image + video processors with the given pixel bounds (default: small ones), in the family's processor
+    class."""
     import transformers as tf
 
     patch = 16 if arch == "qwen3_vl" else 14
     factor = patch * 2
-    size = {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}
+    size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
     image = tf.Qwen2VLImageProcessor(size=size, patch_size=patch, merge_size=2)
     if arch == "qwen3_vl":
         video = tf.Qwen3VLVideoProcessor(
-            size={"shortest_edge": factor * factor * 4, "longest_edge": MAX_PIXELS * 2},
+            size={"shortest_edge": factor * factor * 4, "longest_edge": max_pixels * 2},
             patch_size=patch,
             merge_size=2,
         )
