@@ -259,3 +259,12 @@ def test_plan_of_a_local_tiny_model_on_cpu(tiny_model_dir):
     assert report.memory.precision == "fp32" and report.memory.reserve == 0 and report.memory.fits
     assert report.stats.source.endswith("config.json") and not report.problems
     assert report.memory.total < 0.5 * GIB
+
+
+def test_readme_and_help_state_the_plans_assumptions(capsys):
+    from vlm_grpoma.planning.assumptions import ASSUMPTIONS
+
+    assert ASSUMPTIONS.strip() in (REPO / "README.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert "estimate_zero3_model_states_mem_needs" in capsys.readouterr().out

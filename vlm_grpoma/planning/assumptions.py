@@ -29,17 +29,20 @@ frozen, N data-parallel ranks (GPUs x nodes), w bytes per weight (2 for bf16/fp1
    checkpointing keeps only each layer's input (wh) plus one layer's activations during its recompute.
    Attention is assumed to run in a fused SDPA kernel (no L x L scores; on GPUs the memory-efficient
    kernel takes the packed pass's mask), plus the mask itself ((w + 4) L^2 per row). Logits of the
-   scored columns: V(w + 8) bytes per column (the output, its fp32 copy and gradient; 8V in fp32).
+   scored columns (the completion + 1): V(w + 8) bytes each (output, fp32 copy, gradient; 8V in fp32).
    A frozen vision tower keeps nothing for the backward; a trained one keeps w(6h_v + 3I_v) per patch and
    layer. The vision forward's transient peak is not counted (it is smaller than one decoder layer's).
 3. Rollout. rollout.backend: hf keeps a KV cache of prompts per rank x K x M rows of prompt +
    thought + answer tokens (the prompt+thought cache is copied M times), 2 * layers * kv * w bytes per
-   token, plus fp32 next-token logits per row; under ZeRO-3 the full weights (wP) are gathered while
-   sampling, and for the vLLM weight sync after each step. Rollout and the training pass never overlap: the peak takes the larger. rollout.backend:
-   vllm instead reserves rollout.vllm.gpu_memory_utilization of the GPU for vLLM (its weight copy,
-   2P/tensor_parallel, and its KV cache); training gets the rest.
+   token, plus fp32 next-token logits per row. Under ZeRO-3 the full weights (wP) are gathered while
+   sampling and for the vLLM weight sync after each step. Rollout and the training pass never overlap: the
+   peak takes the larger. rollout.backend: vllm reserves rollout.vllm.gpu_memory_utilization of the GPU
+   for vLLM (its weight copy, 2P/tensor_parallel, and its KV cache); training gets the rest.
 4. Reserve: 1 GiB for the CUDA context, cuBLAS workspaces and NCCL buffers, and 10 % of the activation and
    KV-cache peak for allocator fragmentation (none on CPU). GB means 2^30 bytes, as nvidia-smi reports.
+5. Checkpoint size: model/ holds the adapter and trainable copies (LoRA) or the whole model, w bytes per
+   parameter; deepspeed/ the trainable weights (w each; ZeRO-3 keeps them in its partitions) plus fp32
+   master weights and two AdamW moments (12 bytes; 8 for fp32 at ZeRO-0). Frozen parameters are not saved.
 
 Not modelled: other processes on the GPU, activation offloading, sequence packing across prompts, CPU RAM
 beyond DeepSpeed's own offload estimate, and vLLM's internal activation memory beyond its reserved share.

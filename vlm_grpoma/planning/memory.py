@@ -345,7 +345,7 @@ def first_knob(config: Config, stats_for: Any, hw: Hardware) -> Knob | None:
         try:
             changed = config_from_dict(config.to_dict(), [f"{key}={value}"])
             validate(changed, hw.world_size)
-        except ConfigError:  # e.g. offloading at ZeRO-0, fewer prompts than ranks
+        except ConfigError:  # e.g. half the prompts no longer divide over the ranks
             continue
         if changed.deepspeed.offload_optimizer and changed.deepspeed.zero_stage == 0:
             continue
@@ -353,4 +353,4 @@ def first_knob(config: Config, stats_for: Any, hw: Hardware) -> Knob | None:
         if knob.plan.fits:
             return knob
         tried.append(knob)
-    return min(tried, key=lambda k: -k.plan.margin) if tried else None
+    return max(tried, key=lambda k: k.plan.margin) if tried else None
