@@ -23,6 +23,7 @@ EXPECTED_COMMANDS = {
     "env",
     "fetch-mesa",
     "launch-scripts",
+    "plan",
 }
 
 

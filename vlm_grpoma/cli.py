@@ -225,9 +225,39 @@ def _tiny_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="weight and tokenizer seed (same seed, same model)")
     p.add_argument(
         "--preset",
-        choices=("tiny", "small", "bench"),
+        choices=("tiny", "small", "bench", "window"),
         default="tiny",
-        help="tiny: fastest (tests); small: learns the shapes task on CPU; bench: larger, for benchmarks",
+        help="tiny: fastest (tests); small: learns the shapes task on CPU; bench: larger, for benchmarks; "
+        "window: tiny with Qwen2.5-VL's real 112-px attention windows",
+    )
+    p.add_argument(
+        "--real-vocab",
+        action="store_true",
+        help="the real Qwen2 tokenizer and 151,936-token embedding (needs the cached dashscope wheel)",
+    )
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    from vlm_grpoma.planning.assumptions import ASSUMPTIONS
+
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.description = (
+        "Per-GPU memory of a run config before launching it: parameter counts from the model built on the "
+        "meta device, model states, training pass, rollout, a verdict and the first knob to turn. Exit code 0 "
+        "when it fits and the config agrees with its architecture, else 1.\n\nHow each part is estimated:\n"
+        + ASSUMPTIONS
+    )
+    p.add_argument("config", help="YAML run config")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. model.lora.r=32")
+    p.add_argument(
+        "--gpus", type=int, default=None, help="GPUs per node (default: the config's # Hardware line, else 1)"
+    )
+    p.add_argument("--nodes", type=int, default=None, help="nodes (default: the # Hardware line, else 1)")
+    p.add_argument(
+        "--gpu-mem",
+        type=float,
+        default=None,
+        help="memory per GPU in GB (default: the # Hardware line, else 80)",
     )
 
 
@@ -309,6 +339,12 @@ COMMANDS: tuple[Command, ...] = (
         "build a tiny Qwen-VL model + processor offline",
         "vlm_grpoma.models.tiny:main",
         _tiny_model_args,
+    ),
+    Command(
+        "plan",
+        "will a config fit its GPUs? memory per GPU, verdict, first knob to turn",
+        "vlm_grpoma.planning.report:main",
+        _plan_args,
     ),
     Command(
         "env",

@@ -6,6 +6,7 @@ model, dataset or process group is touched. Every error is one line that names t
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -19,7 +20,7 @@ import yaml
 
 from vlm_grpoma.errors import ConfigError
 
-__all__ = ["Config", "ConfigError", "load_config", "validate"]
+__all__ = ["Config", "ConfigError", "config_from_dict", "load_config", "validate"]
 
 
 @dataclass
@@ -333,6 +334,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
                 f"{path}: the top level must be a mapping of sections, got {type(loaded).__name__}"
             )
         tree = loaded
+    return config_from_dict(tree, overrides)
+
+
+def config_from_dict(tree: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Build and validate a config from plain data (e.g. ``Config.to_dict()``) and ``key=value`` overrides."""
+    tree = copy.deepcopy(tree)
     for text in overrides:
         parts, value = _parse_override(text)
         _set_dotted(tree, parts, value)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
 import pytest
 import torch
-from ds_worker import batch_ids, rng_batch, train_step
+from ds_worker import batch_ids, full_params, rng_batch, train_step
 
 from vlm_grpoma.algorithm.diagnostics import GradientSpikeTracker
 from vlm_grpoma.trainer.checkpoint import (
     TrainerState,
+    checkpoint_bytes,
     list_checkpoints,
     load_checkpoint,
     resolve_resume,
@@ -153,3 +155,112 @@ def test_lora_checkpoint_exports_adapter_or_merged_model(make_config, tmp_path, 
     base = AutoModelForImageTextToText.from_pretrained(tiny_path, dtype=torch.float32)
     reloaded = PeftModel.from_pretrained(base, adapter / "model").eval()
     torch.testing.assert_close(reloaded(input_ids=ids).logits, trained, rtol=1e-5, atol=1e-5)
+
+
+LORA = ("model.lora.enabled=true", "model.lora.r=4", "model.lora.dropout=0.0", "optim.learning_rate=1e-2")
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_lora_checkpoint_holds_only_trainable_state_and_resumes_exactly(stage, make_config, tmp_path):
+    """The DeepSpeed part stores the adapter and its optimizer state, not the frozen base (which resume
+    reloads from model.name_or_path); 2 steps + save + resume + 2 steps still equal 4 straight steps."""
+    cfg = make_config(*LORA, f"deepspeed.zero_stage={stage}", "optim.lr_scheduler=linear")
+    out = tmp_path / "run"
+    _seed(0)
+    straight = build_engine(cfg)
+    for step in range(4):
+        train_step(straight, batch_ids(step, 0, 4))
+    expected = full_params(straight)
+    straight.close()
+
+    _seed(0)
+    first = build_engine(cfg)
+    for step in range(2):
+        train_step(first, batch_ids(step, 0, 4))
+    saved = save_checkpoint(first, out, TrainerState(step=2))
+    params = dict(first.module.named_parameters())
+    trainable = {n for n, p in params.items() if p.requires_grad}
+    numel = {n: p.ds_numel if stage == 3 else p.numel() for n, p in params.items()}
+    first.close()
+
+    state_dir = saved / "deepspeed" / "state"
+    (model_states,) = state_dir.glob("*model_states.pt")  # ZeRO-3 names it per partition
+    states = torch.load(model_states, weights_only=False)
+    assert not {k for k in states["module"] if k in params} - trainable  # ZeRO-3: placeholders only
+    assert states.get("frozen_param_fragments") is None
+    # all tensors of the DeepSpeed part: the adapter (weights, fp32 master, two Adam moments), nothing frozen
+    stored = sum(_tensor_numel(torch.load(f, weights_only=False)) for f in state_dir.glob("*.pt"))
+    adapter = sum(numel[n] for n in trainable)
+    assert adapter < sum(numel.values()) / 8 and stored <= 4 * adapter + 1000, (stored, adapter)
+    assert checkpoint_bytes(saved)["deepspeed"] < 4 * (4 * adapter) + 200_000  # + pickled metadata
+
+    _seed(12345)  # fresh LoRA weights and another RNG state: resume must restore the adapter, not keep these
+    second = build_engine(cfg)
+    assert load_checkpoint(second, saved).step == 2
+    for step in range(2, 4):
+        train_step(second, batch_ids(step, 0, 4))
+    for name, param in full_params(second).items():
+        assert torch.equal(param, expected[name]), name
+    second.close()
+
+
+def _tensor_numel(value) -> int:
+    """Elements of every tensor inside nested dicts, lists and tuples."""
+    if isinstance(value, torch.Tensor):
+        return value.numel()
+    if isinstance(value, dict):
+        return sum(_tensor_numel(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_numel(v) for v in value)
+    return 0
+
+
+def test_resume_refuses_a_checkpoint_of_other_trainable_parameters(make_config, tmp_path):
+    saved = save_checkpoint(build_engine(make_config(*LORA)), tmp_path / "run", TrainerState(step=0))
+    other = build_engine(make_config(*LORA[:3], "model.lora.target_modules=[q_proj]"))
+    with pytest.raises(
+        ValueError, match=r"module state does not match the model: missing \[\], unexpected \["
+    ):
+        load_checkpoint(other, saved)
+
+
+@pytest.mark.parametrize("freeze_vision", [True, False], ids=["vision-frozen", "vision-trained"])
+def test_saved_adapter_reloads_onto_exactly_the_trained_modules(
+    arch, freeze_vision, make_config, tiny_model_dir, tmp_path
+):
+    """adapter_config.json names the targets with a family regex; PEFT puts the adapter back on the same
+    language-model layers (none in the vision tower) and restores the vision tower only when it was trained."""
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    path = tiny_model_dir(arch)
+    cfg = make_config(
+        *LORA, f"model.name_or_path={path}", f"model.freeze_vision={str(freeze_vision).lower()}"
+    )
+    engine = build_engine(cfg)
+    train_step(engine, batch_ids(0, 0, 4))
+    saved = save_checkpoint(engine, tmp_path / "run", TrainerState(step=1))
+
+    def adapted(model) -> tuple[set[str], set[str]]:
+        lora = {n.removesuffix(".lora_A") for n, _ in model.named_modules() if n.endswith(".lora_A")}
+        copies = {
+            n.removesuffix(".modules_to_save")
+            for n, _ in model.named_modules()
+            if n.endswith(".modules_to_save")
+        }
+        return lora, copies
+
+    adapter_config = json.loads((saved / "model" / "adapter_config.json").read_text())
+    assert isinstance(adapter_config["target_modules"], str)
+    assert adapter_config["target_modules"].startswith(r"(?:model\.language_model\.layers)\.\d+\.")
+    base = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+    reloaded = PeftModel.from_pretrained(base, saved / "model")
+    trained_lora, trained_copies = adapted(engine.module)
+    assert adapted(reloaded) == (trained_lora, trained_copies)
+    assert len(trained_lora) == 7 * base.config.get_text_config().num_hidden_layers
+    assert not any(".visual." in name for name in trained_lora)
+    assert trained_copies == (set() if freeze_vision else {"base_model.model.model.visual"})
+    for name, param in reloaded.named_parameters():
+        if "lora_" in name or "modules_to_save" in name:
+            torch.testing.assert_close(param, dict(engine.module.named_parameters())[name], rtol=0, atol=0)
+    engine.close()

@@ -174,3 +174,41 @@ def test_gradient_checkpointing_matches_naive(tiny_model_dir, tmp_path):
     model.train()
     prompts = _prompts(adapter, tmp_path)
     _assert_same(model, _ragged_tree(prompts, adapter.tokens, seed=3), [0, 2], adapter.tokens)
+
+
+def test_qwen2_5_vl_real_window_size_with_images_spanning_several_windows(tiny_model_dir, tmp_path):
+    """Window attention at the released 112-px window (tiny presets use 56 px): 336x224 and 252x392 images
+    span 3x2 and 3x4 windows; the packed pass equals the naive one and reproduces the rollout's log-probs."""
+    path = tiny_model_dir("qwen2_5_vl", preset="window")
+    loaded = load_model(
+        ModelConfig(name_or_path=str(path), dtype="float32", min_pixels=3136, max_pixels=392 * 392)
+    )
+    model, adapter = loaded.model.eval(), loaded.adapter
+    assert model.config.vision_config.window_size == 112
+    records = []
+    for i, (w, h) in enumerate([(336, 224), (252, 392)]):
+        image = Image.effect_noise((w, h), 60 + 20 * i).convert("RGB")
+        image.save(tmp_path / f"{i}.png")
+        records.append(
+            Record(
+                f"w{i}", str(tmp_path / f"{i}.png"), "detection", "the cup", w, h, Boxes((Box(1, 1, 9, 9),))
+            )
+        )
+    prompts = adapter.build_inputs(records)
+    from transformers.vision_utils import get_vision_window_index
+
+    visual = model.model.visual
+    for prompt, windows in zip(prompts, (6, 12)):
+        _, cu_window_seqlens = get_vision_window_index(
+            prompt.image_grid_thw, visual.spatial_merge_size, visual.window_size, visual.patch_size
+        )
+        assert len(torch.unique_consecutive(torch.as_tensor(cu_window_seqlens))) - 1 == windows
+    _assert_same(model, _ragged_tree(prompts, adapter.tokens, k=2, m=2, seed=4), [0, 1], adapter.tokens)
+    params = SamplingParams(
+        num_thoughts=2, answers_per_thought=2, max_thought_tokens=5, max_answer_tokens=4, seed=3
+    )
+    tree = HFRolloutEngine.for_adapter(model, adapter).sample(prompts, params)
+    with torch.no_grad():
+        shared = shared_prefix_log_probs(model, tree, [0, 1], adapter.tokens)
+    torch.testing.assert_close(shared.thought, tree.thought_logprobs * tree.thought_mask, atol=1e-4, rtol=0)
+    torch.testing.assert_close(shared.answer, tree.answer_logprobs * tree.answer_mask, atol=1e-4, rtol=0)

@@ -3,6 +3,7 @@ the vision freeze and LoRA. The one place that maps dtype names to torch dtypes.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -112,26 +113,51 @@ def prepare_trainable(model: torch.nn.Module, model_cfg: ModelConfig) -> torch.n
     from peft import get_peft_model
 
     lora = model_cfg.lora
-    targets = sorted(
-        name
-        for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear)
-        and name.rsplit(".", 1)[-1] in lora.target_modules
-        and not _in_any(name, vision)
-    )
-    if not targets:
-        raise ConfigError(
-            f"model.lora.target_modules: none of {lora.target_modules} names a linear layer "
-            "of the language model"
-        )
     peft_config = PeftLoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
-        target_modules=targets,
+        target_modules=lora_target_pattern(model, lora.target_modules),
         modules_to_save=None if model_cfg.freeze_vision else vision,
     )
     return get_peft_model(model, peft_config)
+
+
+def lora_targets(model: torch.nn.Module, target_modules: list[str]) -> list[str]:
+    """Full names of the language model's linear layers whose last name part is in ``target_modules``."""
+    vision = vision_module_names(model)
+    targets = sorted(
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)
+        and name.rsplit(".", 1)[-1] in target_modules
+        and not _in_any(name, vision)
+    )
+    if not targets:
+        raise ConfigError(
+            f"model.lora.target_modules: none of {target_modules} names a linear layer of the language model"
+        )
+    return targets
+
+
+def lora_target_pattern(model: torch.nn.Module, target_modules: list[str]) -> str:
+    r"""One regex that PEFT full-matches against module names, matching exactly :func:`lora_targets`.
+
+    Written from the family's own module names as ``<layer list>.<index>.<module path>``, e.g.
+    ``(?:model\.language_model\.layers)\.\d+\.(?:mlp\.down_proj|...|self_attn\.v_proj)``; where that
+    would match other modules too, the target names themselves. PEFT stores a string verbatim in
+    ``adapter_config.json`` (a list it rewrites into name suffixes, which can match vision modules), so a saved
+    adapter reloads onto the same modules.
+    """
+    targets = lora_targets(model, target_modules)
+    parts = [re.fullmatch(r"(.+?)\.(\d+)\.(.+)", name) for name in targets]
+    if all(parts):
+        lists = sorted({p.group(1) for p in parts})
+        paths = sorted({p.group(3) for p in parts})
+        pattern = rf"(?:{'|'.join(map(re.escape, lists))})\.\d+\.(?:{'|'.join(map(re.escape, paths))})"
+        if sorted(name for name, _ in model.named_modules() if re.fullmatch(pattern, name)) == targets:
+            return pattern
+    return f"(?:{'|'.join(map(re.escape, targets))})"
 
 
 def is_peft(module: torch.nn.Module) -> bool:

@@ -79,6 +79,8 @@ class TinyPreset:
     vision_depth: int = 2
     rope_theta: float = 100.0
     bpe_vocab: int = 1024
+    #: Qwen2.5-VL window attention: window side in pixels (the released models use 112)
+    window_size: int = 56
 
     @property
     def head_dim(self) -> int:
@@ -92,7 +94,11 @@ PRESETS: dict[str, TinyPreset] = {
     "small": TinyPreset(128, 512, 2, 4, 2, (4, 6, 6), vision_hidden=64, vision_heads=4),
     # larger CPU-feasible model for benchmarks
     "bench": TinyPreset(256, 1024, 4, 8, 4, (4, 6, 6), vision_hidden=64, vision_heads=4),
+    # "tiny" with Qwen2.5-VL's real 112-px attention windows (only images of 224 px or more span several)
+    "window": TinyPreset(64, 256, 2, 4, 2, (2, 3, 3), vision_hidden=32, vision_heads=2, window_size=112),
 }
+#: The real Qwen2 vocabulary: 151,643 BPE ranks + special tokens, padded to the released embedding size.
+REAL_VOCAB_SIZE = 151936
 
 #: Image bounds of the saved processors: 56^2..112^2 pixels gives 4..16 image tokens (patch 14, merge 2).
 MIN_PIXELS, MAX_PIXELS = 56 * 56, 112 * 112
@@ -218,11 +224,12 @@ def _special_ids(tokenizer) -> dict[str, int]:
     }
 
 
-def build_config(arch: str, preset: TinyPreset, tokenizer):
-    """The model config of one family at the given size, with token ids from ``tokenizer``."""
+def build_config(arch: str, preset: TinyPreset, tokenizer, vocab_size: int | None = None):
+    """The model config of one family at the given size, with token ids from ``tokenizer``; the embedding
+    has ``vocab_size`` rows (default: the tokenizer's length rounded up to 64)."""
     import transformers as tf
 
-    vocab = (len(tokenizer) + 63) // 64 * 64
+    vocab = vocab_size or (len(tokenizer) + 63) // 64 * 64
     rope = {
         "rope_type": "default",
         "rope_theta": preset.rope_theta,
@@ -261,7 +268,7 @@ def build_config(arch: str, preset: TinyPreset, tokenizer):
             num_heads=v.vision_heads,
             out_hidden_size=v.hidden,
             patch_size=14,
-            window_size=56,
+            window_size=v.window_size,
             fullatt_block_indexes=[v.vision_depth - 1],
         )
         cls = tf.Qwen2_5_VLConfig
@@ -284,18 +291,18 @@ def build_config(arch: str, preset: TinyPreset, tokenizer):
     return cls(text_config=text, vision_config=vision, tie_word_embeddings=True, **_special_ids(tokenizer))
 
 
-def build_processor(arch: str, tokenizer):
-    """Image + video processors with small pixel bounds, wrapped in the family's processor class (with the
-    tokenizer's chat template)."""
+def build_processor(arch: str, tokenizer, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS):
+    """Image + video processors with the given pixel bounds (default: small ones), in the family's processor
+    class (with the tokenizer's chat template)."""
     import transformers as tf
 
     patch = 16 if arch == "qwen3_vl" else 14
     factor = patch * 2
-    size = {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}
+    size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
     image = tf.Qwen2VLImageProcessor(size=size, patch_size=patch, merge_size=2)
     if arch == "qwen3_vl":
         video = tf.Qwen3VLVideoProcessor(
-            size={"shortest_edge": factor * factor * 4, "longest_edge": MAX_PIXELS * 2},
+            size={"shortest_edge": factor * factor * 4, "longest_edge": max_pixels * 2},
             patch_size=patch,
             merge_size=2,
         )
@@ -311,16 +318,32 @@ def build_processor(arch: str, tokenizer):
     )
 
 
-def build_tiny_model(arch: str, out: str | Path, seed: int = 0, preset: str = "tiny", tokenizer=None) -> Path:
-    """Build a random tiny model of family ``arch`` with its processor and save both to ``out``
-    (``tokenizer``: the vocabulary and chat template to use instead of :func:`build_tokenizer`'s)."""
+def build_tiny_model(
+    arch: str,
+    out: str | Path,
+    seed: int = 0,
+    preset: str = "tiny",
+    tokenizer=None,
+    real_vocab: bool = False,
+) -> Path:
+    """Build a random tiny model of family ``arch`` with its processor and save both to ``out``.
+
+    ``tokenizer``: the vocabulary and chat template to use instead of :func:`build_tokenizer`'s;
+    ``real_vocab``: the real Qwen2 tokenizer (:mod:`~vlm_grpoma.models.qwen_vocab`) and its 151,936-row
+    embedding instead of the small trained BPE, so sampling and the loss see the real vocabulary's size.
+    """
     import torch
     import transformers as tf
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+    if real_vocab:
+        from vlm_grpoma.models.qwen_vocab import load_qwen_tokenizer
+
+        tokenizer = load_qwen_tokenizer("qwen2")
+        tokenizer.pad_token = "<|endoftext|>"
     tokenizer = tokenizer or build_tokenizer(seed, PRESETS[preset].bpe_vocab)
-    config = build_config(arch, PRESETS[preset], tokenizer)
+    config = build_config(arch, PRESETS[preset], tokenizer, REAL_VOCAB_SIZE if real_vocab else None)
     torch.manual_seed(seed)
     model = tf.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -334,6 +357,12 @@ def build_tiny_model(arch: str, out: str | Path, seed: int = 0, preset: str = "t
 
 def main(args: argparse.Namespace) -> int:
     """``make-tiny-model`` handler."""
-    out = build_tiny_model(args.arch, args.out, seed=args.seed, preset=getattr(args, "preset", "tiny"))
+    out = build_tiny_model(
+        args.arch,
+        args.out,
+        seed=args.seed,
+        preset=getattr(args, "preset", "tiny"),
+        real_vocab=getattr(args, "real_vocab", False),
+    )
     print(f"wrote a tiny {args.arch} model and processor to {out}")
     return 0

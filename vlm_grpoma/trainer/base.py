@@ -16,6 +16,7 @@ from vlm_grpoma.errors import CommandError
 from vlm_grpoma.models.registry import load_adapter
 from vlm_grpoma.trainer.checkpoint import (
     TrainerState,
+    checkpoint_bytes,
     checkpoint_name,
     checkpoint_root,
     load_checkpoint,
@@ -116,7 +117,8 @@ class Trainer:
         return bool(budget) and reduce_metrics({"s": self.trained_seconds}, "max")["s"] >= budget
 
     def save(self) -> Path:
-        return save_checkpoint(
+        """Write the checkpoint of the current step; rank 0 prints its size on disk."""
+        path = save_checkpoint(
             self.engine,
             self.config.logging.output_dir,
             TrainerState(
@@ -128,6 +130,14 @@ class Trainer:
             keep_last=self.config.checkpoint.keep_last,
             merge_lora=self.config.checkpoint.merge_lora,
         )
+        if self.dist.is_main:
+            sizes = checkpoint_bytes(path)
+            print(
+                f"checkpoint {path}: {sizes['total'] / 2**20:.1f} MiB (model/ {sizes['model'] / 2**20:.1f} MiB, "
+                f"deepspeed/ {sizes['deepspeed'] / 2**20:.1f} MiB; frozen parameters are not saved)",
+                flush=True,
+            )
+        return path
 
     @property
     def final_model_dir(self) -> Path:

@@ -3,7 +3,9 @@
 Layout of ``<output_dir>/checkpoints/step-00000010/``::
 
     model/                 save_pretrained (safetensors) + processor; with LoRA the adapter, or merged weights
-    deepspeed/state/       DeepSpeed save_checkpoint: module, optimizer (ZeRO partitions), LR scheduler
+    deepspeed/state/       DeepSpeed save_checkpoint: trainable parameters, optimizer (ZeRO partitions), LR
+                           scheduler; frozen parameters (a LoRA base, a frozen vision tower) are left out and
+                           come back from model.name_or_path on resume
     rng/rank-00000.pt      python / numpy / torch (+cuda) RNG states of each rank
     trainer_state.pt       TrainerState (step, data position, metric trackers); loads with weights_only=True
     checkpoint.json        written last: a folder without it is incomplete and never resumed from
@@ -19,6 +21,8 @@ import random
 import re
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,7 +203,14 @@ def save_checkpoint(
         (tmp / "rng").mkdir()
     _barrier()
     save_model(engine, tmp / "model", processor=processor, merge_lora=merge_lora)
-    engine.deepspeed.save_checkpoint(str(tmp / "deepspeed"), tag=_DS_TAG, client_state={}, save_latest=False)
+    with _without_frozen_aliases(engine.deepspeed):
+        engine.deepspeed.save_checkpoint(
+            str(tmp / "deepspeed"),
+            tag=_DS_TAG,
+            client_state={},
+            save_latest=False,
+            exclude_frozen_parameters=True,
+        )
     torch.save(rng_state(), tmp / "rng" / f"rank-{rank:05d}.pt")
     _barrier()
     if rank == 0:
@@ -225,6 +236,59 @@ def save_checkpoint(
             shutil.rmtree(old)
     _barrier()
     return final
+
+
+def _frozen_names(module: torch.nn.Module) -> set[str]:
+    """State-dict names of frozen parameters, tied aliases included (a tied ``lm_head.weight``)."""
+    return {n for n, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
+@contextmanager
+def _without_frozen_aliases(ds_engine: Any) -> Iterator[None]:
+    """DeepSpeed's ``exclude_frozen_parameters`` drops frozen parameters by their first name only, so a tied
+    frozen output layer (``lm_head.weight``, the whole embedding) is still saved; drop every alias too."""
+    original = ds_engine.module_state_dict
+
+    def module_state_dict(*args: Any, exclude_frozen_parameters: bool = False, **kwargs: Any) -> Any:
+        state = original(*args, exclude_frozen_parameters=exclude_frozen_parameters, **kwargs)
+        if exclude_frozen_parameters:
+            prefix = kwargs.get("prefix", "")
+            for name in _frozen_names(ds_engine.module):
+                state.pop(prefix + name, None)
+        return state
+
+    ds_engine.module_state_dict = module_state_dict
+    try:
+        yield
+    finally:
+        del ds_engine.module_state_dict  # the class method again
+
+
+def _load_trainable(src: dict[str, torch.Tensor], dst: torch.nn.Module) -> None:
+    """Load a module state saved without its frozen parameters: every trainable parameter and buffer must be
+    in it, and only frozen parameters may be missing (they keep the values loaded from model.name_or_path)."""
+    result = dst.load_state_dict(src, strict=False)
+    frozen = _frozen_names(dst)
+    missing = sorted(set(result.missing_keys) - frozen)
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            "the checkpoint's module state does not match the model: "
+            f"missing {missing[:3]}{' ...' if len(missing) > 3 else ''}, "
+            f"unexpected {result.unexpected_keys[:3]}{' ...' if len(result.unexpected_keys) > 3 else ''}"
+        )
+
+
+def checkpoint_bytes(path: str | Path) -> dict[str, int]:
+    """Bytes on disk of a checkpoint's parts (``model``, ``deepspeed``, ``rng``, ...) and ``total``."""
+    path = Path(path)
+    sizes: dict[str, int] = {}
+    for file in path.rglob("*"):
+        if file.is_file():
+            parts = file.relative_to(path).parts
+            part = parts[0] if len(parts) > 1 else "metadata"  # checkpoint.json, trainer_state.pt
+            sizes[part] = sizes.get(part, 0) + file.stat().st_size
+    sizes["total"] = sum(sizes.values())
+    return sizes
 
 
 def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
@@ -253,7 +317,11 @@ def load_checkpoint(engine: TrainingEngine, path: str | Path) -> TrainerState:
             "exact resume needs the same world size"
         )
     loaded, _ = engine.deepspeed.load_checkpoint(
-        str(path / "deepspeed"), tag=_DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+        str(path / "deepspeed"),
+        tag=_DS_TAG,
+        load_optimizer_states=True,
+        load_lr_scheduler_states=True,
+        custom_load_fn=_load_trainable,
     )
     if loaded is None:
         raise FileNotFoundError(f"{path / 'deepspeed'}: DeepSpeed found no state to load")
