@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -51,12 +52,13 @@ def import_deepspeed() -> Any:
     return deepspeed
 
 
-def init_distributed(backend: str = "auto") -> DistInfo:
+def init_distributed(backend: str = "auto", timeout_s: float | None = None) -> DistInfo:
     """Join (or create) the process group: under the ``deepspeed`` launcher, or as a lone process.
 
     A lone process gets ``RANK=0 WORLD_SIZE=1 LOCAL_RANK=0`` and a free ``MASTER_PORT``; without them
     DeepSpeed falls back to MPI discovery and fails. ``backend="auto"``: NCCL with CUDA, else gloo.
-    Idempotent.
+    ``timeout_s`` bounds the rendezvous and every collective (``train.dist_timeout_s``; None: DeepSpeed's
+    30 minutes). Idempotent: the first call's settings stay.
     """
     import torch
 
@@ -72,6 +74,7 @@ def init_distributed(backend: str = "auto") -> DistInfo:
     if use_cuda:
         torch.cuda.set_device(local_rank)
     if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend)
+        extra = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
+        deepspeed.init_distributed(dist_backend=backend, **extra)
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     return DistInfo(torch.distributed.get_rank(), torch.distributed.get_world_size(), local_rank, device)
