@@ -74,7 +74,14 @@ def init_distributed(backend: str = "auto", timeout_s: float | None = None) -> D
     if use_cuda:
         torch.cuda.set_device(local_rank)
     if not torch.distributed.is_initialized():
-        extra = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
+        extra = {}
+        if timeout_s is not None:
+            extra["timeout"] = timedelta(seconds=timeout_s)
+            # Groups made later (DeepSpeed's data-parallel groups, ZeRO's) call new_group() without a timeout,
+            # which takes torch's module default (30 min gloo, 10 min NCCL), not the world group's: set both.
+            from torch.distributed import distributed_c10d
+
+            distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = extra["timeout"]
         deepspeed.init_distributed(dist_backend=backend, **extra)
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     return DistInfo(torch.distributed.get_rank(), torch.distributed.get_world_size(), local_rank, device)
