@@ -14,6 +14,8 @@ from fault_cli import register_fault_rewards
 
 REPO = Path(__file__).resolve().parents[2]
 FAULT_CLI = Path(__file__).with_name("fault_cli.py")
+#: Subprocesses import the suite from this checkout (or from where PYTHONPATH already points).
+PYTHONPATH = os.environ.get("PYTHONPATH") or str(REPO)
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 torch.set_num_threads(1)
 register_fault_rewards()
@@ -81,7 +83,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: int = 300) -
     }
     return subprocess.run(
         [sys.executable, str(FAULT_CLI), *args],
-        env={**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})},
+        env={**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH, **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -100,7 +102,7 @@ def launch(config: Path, *overrides: str, env: dict[str, str] | None = None, tim
         "CPU_RANKS": "2",
         "OMP_NUM_THREADS": "1",
         "TRAIN_SCRIPT": str(FAULT_CLI),
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": PYTHONPATH,
         **(env or {}),
     }
     return subprocess.run(

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import REPO, error_lines, run_cli
+from conftest import PYTHONPATH, error_lines, run_cli
 
 from vlm_grpoma.errors import ConfigError, StorageError
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
@@ -38,7 +38,7 @@ def test_a_second_concurrent_job_on_the_same_folder_is_refused(overrides, tmp_pa
         ],
         stdout=subprocess.PIPE,
         text=True,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin"},
     )
     try:
         assert holder.stdout.readline().strip() == "locked"

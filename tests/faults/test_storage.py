@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FAULT_CLI, REPO, error_lines
+from conftest import FAULT_CLI, PYTHONPATH, error_lines
 
 from vlm_grpoma.trainer.checkpoint import list_checkpoints, verify_checkpoint
 
@@ -41,7 +41,7 @@ def _in_namespace(script: str, command: list[str], **env: str) -> subprocess.Com
         capture_output=True,
         text=True,
         timeout=300,
-        env={**kept, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **env},
+        env={**kept, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1", **env},
     )
 
 
