@@ -28,3 +28,20 @@ def test_a_hung_rank_ends_the_job_naming_the_collective(overrides, tmp_path):
     ], run.stderr[-3000:]
     assert "Traceback" not in run.stderr
     assert wall < 100, wall  # start-up + 5 s, not the sleeping rank's 120 s
+
+
+def test_only_backend_peer_failures_become_distributed_errors():
+    from vlm_grpoma.distributed import init_distributed
+    from vlm_grpoma.errors import DistributedError
+    from vlm_grpoma.trainer.collectives import collective
+
+    init_distributed("gloo")
+    gloo = RuntimeError(
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv"
+    )
+    with pytest.raises(DistributedError, match=r"^rank 0: no answer from the other ranks within .* in the x"):
+        with collective("the x", 5):
+            raise gloo
+    with pytest.raises(RuntimeError, match="simulator worker timed out"):  # a reward's own timeout passes
+        with collective("the x", 5):
+            raise RuntimeError("simulator worker timed out")

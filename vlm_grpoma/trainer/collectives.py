@@ -15,6 +15,14 @@ from vlm_grpoma.errors import DistributedError, UserError
 _PEER_FAILURE = re.compile(
     r"timed out|timeout|connection (closed|reset) by peer|broken pipe|communicator was aborted", re.IGNORECASE
 )
+#: ... and how such an error shows it comes from a backend (not, say, a reward's own timeout).
+_BACKEND = re.compile(r"gloo|nccl|c10d|ProcessGroup|watchdog", re.IGNORECASE)
+
+
+def _is_peer_failure(err: RuntimeError) -> bool:
+    text = str(err)
+    from_backend = isinstance(err, torch.distributed.DistError) or _BACKEND.search(text)
+    return bool(from_backend and _PEER_FAILURE.search(text))
 
 
 @contextmanager
@@ -26,7 +34,7 @@ def collective(what: str, timeout_s: float | None = None) -> Iterator[None]:
     try:
         yield
     except RuntimeError as err:
-        if not torch.distributed.is_initialized() or not _PEER_FAILURE.search(str(err)):
+        if not torch.distributed.is_initialized() or not _is_peer_failure(err):
             raise
         limit = f" within train.dist_timeout_s={timeout_s:g} s" if timeout_s else ""
         cause = "hung or died" if "time" in str(err).lower() else "died"
