@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import error_lines, run_cli
+from fault_runs import error_lines, run_cli
 
 from vlm_grpoma.errors import CheckpointError
 from vlm_grpoma.trainer import checkpoint as ckpt
@@ -37,7 +37,7 @@ def straight(tmp_path_factory, make_config_module):
 
 @pytest.fixture(scope="module")
 def make_config_module(tiny_path, shapes_path):
-    from conftest import BASE
+    from fault_runs import BASE
 
     from vlm_grpoma.config import load_config
 

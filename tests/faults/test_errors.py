@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import error_lines, launch, run_cli
+from fault_runs import error_lines, launch, run_cli
 
 from vlm_grpoma.config import load_config
 from vlm_grpoma.errors import ConfigError

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 import torch
-from conftest import model_weights, run_cli
+from fault_runs import model_weights, run_cli
 
 from vlm_grpoma.trainer.checkpoint import list_checkpoints
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
@@ -19,7 +19,7 @@ REWARDS = "rewards.weights={fault_length: 1.0, fault_kill: 0.0}"
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory, tiny_path, shapes_path):
     """4 uninterrupted steps, as the final Hugging Face weights."""
-    from conftest import BASE
+    from fault_runs import BASE
 
     from vlm_grpoma.config import load_config
 

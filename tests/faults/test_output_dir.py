@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import PYTHONPATH, error_lines, run_cli
+from fault_runs import PYTHONPATH, error_lines, run_cli
 
 from vlm_grpoma.errors import ConfigError, StorageError
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer

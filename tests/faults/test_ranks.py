@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import error_lines, launch
+from fault_runs import error_lines, launch
 
 
 @pytest.mark.slow

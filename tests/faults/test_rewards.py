@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from conftest import launch
+from fault_runs import launch
 
 from vlm_grpoma.algorithm.advantages import grpo_ma_advantages
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer

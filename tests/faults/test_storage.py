@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FAULT_CLI, PYTHONPATH, error_lines
+from fault_runs import FAULT_CLI, PYTHONPATH, error_lines
 
 from vlm_grpoma.trainer.checkpoint import list_checkpoints, verify_checkpoint
 
