@@ -395,9 +395,23 @@ def format_answer(answer: Answer) -> str:
     """Canonical JSON text of an answer (SFT targets, round trips); non-finite numbers raise ValueError.
 
     A ``<`` can only occur inside a label string; it is written as ``\\u003c`` so that no label can look
-    like a ``<answer>``/``</answer>`` tag once the text is wrapped in tags.
+    like a ``<answer>``/``</answer>`` tag once the text is wrapped in tags. A box that rounding has made
+    degenerate (x1 == x2 or y1 == y2, which :func:`parse_answer` rejects) is widened to one unit towards the
+    origin, or away from it at 0, so it stays inside a frame that contains the original box.
     """
+    if isinstance(answer, Boxes):
+        answer = Boxes(tuple(_one_unit_at_least(b) for b in answer.boxes))
     return json.dumps(answer_to_json(answer), ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")
+
+
+def _one_unit_at_least(box: Box) -> Box:
+    def widen(low: float, high: float) -> tuple[float, float]:
+        if high > low:
+            return low, high
+        return (low - 1, low) if low >= 1 else (low, low + 1)
+
+    (x1, x2), (y1, y2) = widen(box.x1, box.x2), widen(box.y1, box.y2)
+    return replace(box, x1=x1, y1=y1, x2=x2, y2=y2)
 
 
 def answers_of_kind(

@@ -19,7 +19,7 @@ from vlm_grpoma import __version__
 from vlm_grpoma.config import load_config, validate
 from vlm_grpoma.datasets.converters.registry import FORMATS
 from vlm_grpoma.datasets.schema import TASKS
-from vlm_grpoma.errors import UserError
+from vlm_grpoma.errors import DistributedError, UserError
 from vlm_grpoma.models.families import ARCHS
 
 
@@ -397,7 +397,13 @@ def main(argv: list[str] | None = None) -> int:
             validate(args.config_obj, world_size=int(os.environ.get("WORLD_SIZE", "1")))
         return int(_resolve(command)(args) or 0)
     except UserError as err:
-        print(f"vlm-grpoma {command.name}: error: {err}", file=sys.stderr)
+        message = " ".join(str(err).split())  # one line, whatever the library put in it
+        print(f"vlm-grpoma {command.name}: error: {message}", file=sys.stderr)
+        if argv is None and isinstance(err, DistributedError):
+            # The process group is broken: tearing it down at exit aborts (gloo) or hangs (NCCL).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
         return 1
 
 

@@ -66,6 +66,11 @@ class DataConfig:
     #: training uses only the records of this task and split (converters may write several splits to one file)
     task: Literal["detection", "affordance", "trajectory", "manipulation"] = "detection"
     train_split: str = "train"
+    #: a record whose whole prompt (chat template, instruction and image tokens) is longer is refused when the
+    #: records are loaded (or skipped with skip_bad_records); 0: no limit
+    max_prompt_tokens: int = 4096
+    #: leave out (with one warning line) the records that fail validation, their images included; else the
+    #: first one is an error
     skip_bad_records: bool = False
     shuffle: bool = True
 
@@ -112,6 +117,9 @@ class AlgorithmConfig:
     )
     thought_loss_weight: float = 1.0
     policy_epochs: int = 1
+    #: "k3": the per-token k3 estimator of KL(policy || reference) (TRL with use_bias_correction_kl=False);
+    #: "k3_ratio": k3 times the importance ratio, differentiable (TRL's use_bias_correction_kl=True)
+    kl_estimator: Literal["k3", "k3_ratio"] = "k3"
 
 
 @dataclass
@@ -151,6 +159,8 @@ class TrainConfig:
     #: stop once the training steps (rollout, rewards, update; not evaluation or checkpoints) have taken this
     #: many seconds in all (0: no budget; ``train.steps`` stays the upper bound). Compares arms at equal time.
     time_budget_s: float = 0.0
+    #: seconds a rank waits in a collective (or at start-up for the others) before the job ends naming it
+    dist_timeout_s: float = 600.0
 
 
 @dataclass
@@ -266,6 +276,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -410,6 +422,7 @@ def validate(config: Config, world_size: int | None = None) -> None:
             f"options for a reward that is not in rewards.weights ({', '.join(config.rewards.weights)})",
         )
     _require(o.learning_rate > 0, "optim.learning_rate", f"must be > 0, got {o.learning_rate}")
+    _require(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
     _require(o.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
     _require(
         o.max_grad_norm >= 0,
@@ -432,6 +445,12 @@ def validate(config: Config, world_size: int | None = None) -> None:
     )
     _require(
         t.eval_batch_prompts >= 1, "train.eval_batch_prompts", f"must be >= 1, got {t.eval_batch_prompts}"
+    )
+    _require(t.dist_timeout_s > 0, "train.dist_timeout_s", f"must be > 0 seconds, got {t.dist_timeout_s}")
+    _require(
+        config.data.max_prompt_tokens >= 0,
+        "data.max_prompt_tokens",
+        f"must be >= 0 (0: no limit), got {config.data.max_prompt_tokens}",
     )
     _require(
         math.isfinite(t.time_budget_s) and t.time_budget_s >= 0,
@@ -457,6 +476,11 @@ def validate(config: Config, world_size: int | None = None) -> None:
         f"must be >= 0 (0 logs no samples), got {config.logging.samples_every}",
     )
     _require(config.logging.samples >= 1, "logging.samples", f"must be >= 1, got {config.logging.samples}")
+    _require(
+        bool(config.logging.output_dir.strip()),
+        "logging.output_dir",
+        "is empty: name the folder that receives metrics and checkpoints, e.g. runs/my-run",
+    )
     _require(
         config.checkpoint.save_every >= 0, "checkpoint.save_every", "must be >= 0 (0 saves only at the end)"
     )

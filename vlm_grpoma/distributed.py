@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -72,12 +73,13 @@ def import_deepspeed() -> Any:
     return deepspeed
 
 
-def init_distributed(backend: str = "auto") -> DistInfo:
+def init_distributed(backend: str = "auto", timeout_s: float | None = None) -> DistInfo:
     """Join (or create) the process group: under the ``deepspeed`` launcher, or as a lone process.
 
     A lone process gets ``RANK=0 WORLD_SIZE=1 LOCAL_RANK=0`` and a free ``MASTER_PORT``; without them
     DeepSpeed falls back to MPI discovery and fails. ``backend="auto"``: NCCL with CUDA, else gloo.
-    Idempotent.
+    ``timeout_s`` bounds the rendezvous and every collective (``train.dist_timeout_s``; None: DeepSpeed's
+    30 minutes). Idempotent: the first call's settings stay.
     """
     import torch
 
@@ -93,6 +95,14 @@ def init_distributed(backend: str = "auto") -> DistInfo:
     if use_cuda:
         torch.cuda.set_device(local_rank)
     if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend)
+        extra = {}
+        if timeout_s is not None:
+            extra["timeout"] = timedelta(seconds=timeout_s)
+            # Groups made later (DeepSpeed's data-parallel groups, ZeRO's) call new_group() without a timeout,
+            # which takes torch's module default (30 min gloo, 10 min NCCL), not the world group's: set both.
+            from torch.distributed import distributed_c10d
+
+            distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = extra["timeout"]
+        deepspeed.init_distributed(dist_backend=backend, **extra)
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     return DistInfo(torch.distributed.get_rank(), torch.distributed.get_world_size(), local_rank, device)

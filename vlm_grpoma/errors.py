@@ -33,5 +33,12 @@ class StorageError(UserError, OSError):
     """The output location cannot be written: disk full, read-only, or already used by another job."""
 
 
+class DistributedError(UserError):
+    """Another rank stopped answering inside a collective (hung past ``train.dist_timeout_s``, or died).
+
+    The process group is unusable afterwards, so the entry point exits without tearing it down.
+    """
+
+
 class CommandError(UserError):
     """Bad command-line input that fits none of the kinds above (e.g. ``--episodes 0``)."""

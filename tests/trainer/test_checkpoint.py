@@ -11,12 +11,13 @@ import torch
 from ds_worker import batch_ids, full_params, rng_batch, train_step
 
 from vlm_grpoma.algorithm.diagnostics import GradientSpikeTracker
+from vlm_grpoma.errors import CheckpointError
 from vlm_grpoma.trainer.checkpoint import (
     TrainerState,
     checkpoint_bytes,
+    choose_checkpoint,
     list_checkpoints,
     load_checkpoint,
-    resolve_resume,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -76,7 +77,7 @@ def test_two_steps_plus_resume_plus_two_equals_four_steps(stage, make_config, tm
 
     _seed(12345)  # a different process state; resume must restore it
     second = build_engine(cfg)
-    path = resolve_resume("auto", out)
+    path = choose_checkpoint("auto", out)
     assert path == saved
     state = load_checkpoint(second, path)
     assert state.step == 2 and state.data == {"offset": 8} and state.metrics["gss"] == tracker.state_dict()
@@ -112,7 +113,7 @@ def test_keep_last_and_a_crash_mid_save_leaves_the_previous_checkpoint(make_conf
         save_checkpoint(engine, out, TrainerState(step=4), keep_last=2)
     assert (out / "checkpoints" / ".tmp-step-00000004" / "model").is_dir()  # half written, never renamed
     (out / "checkpoints" / "step-00000009").mkdir()  # a folder without checkpoint.json is not a checkpoint
-    newest = resolve_resume("auto", out)
+    newest = choose_checkpoint("auto", out)
     assert newest.name == "step-00000003"
     assert load_checkpoint(engine, newest).step == 3
     for name, param in _params(engine).items():
@@ -122,10 +123,10 @@ def test_keep_last_and_a_crash_mid_save_leaves_the_previous_checkpoint(make_conf
     save_checkpoint(engine, out, TrainerState(step=4), keep_last=2)
     assert not list((out / "checkpoints").glob(".tmp-*"))
     assert [p.name for p in list_checkpoints(out)] == ["step-00000003", "step-00000004"]
-    assert resolve_resume("none", out) is None and resolve_resume("auto", tmp_path / "nothing") is None
-    assert resolve_resume(str(out / "checkpoints" / "step-00000003"), out).name == "step-00000003"
-    with pytest.raises(FileNotFoundError, match="step-00000009 is not a complete checkpoint"):
-        resolve_resume(str(out / "checkpoints" / "step-00000009"), out)
+    assert choose_checkpoint("none", out) is None and choose_checkpoint("auto", tmp_path / "nothing") is None
+    assert choose_checkpoint(str(out / "checkpoints" / "step-00000003"), out).name == "step-00000003"
+    with pytest.raises(CheckpointError, match="step-00000009 is not a complete checkpoint"):
+        choose_checkpoint(str(out / "checkpoints" / "step-00000009"), out)
 
 
 def test_lora_checkpoint_exports_adapter_or_merged_model(make_config, tmp_path, tiny_path):

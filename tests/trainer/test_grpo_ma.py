@@ -18,7 +18,7 @@ from vlm_grpoma.trainer.scoring import score_tree
 
 
 class Poisoned:
-    """Returns NaN for one answer: the step must be skipped, not applied."""
+    """Returns NaN for the first answer: it must get no advantage while the step still trains."""
 
     def score(self, completions, records):
         return RewardResult([math.nan] + [0.5] * (len(completions) - 1))
@@ -109,7 +109,7 @@ def test_second_policy_epoch_logs_low_and_high_clipping(make_config, data_path):
     assert low + high == pytest.approx(metrics["loss/clip_fraction"]) and metrics["loss/clip_fraction"] > 0
 
 
-def test_nan_reward_skips_the_step_and_leaves_weights(make_config, data_path):
+def test_nan_reward_is_counted_and_the_step_still_trains(make_config, data_path):
     config = make_config(
         *overrides(data_path, "train.steps=1"),
         "rewards.weights={test_answer_length: 1.0, test_poisoned: 1.0}",
@@ -117,8 +117,32 @@ def test_nan_reward_skips_the_step_and_leaves_weights(make_config, data_path):
     trainer = GRPOMATrainer(config)
     before = parameters(trainer)
     metrics = trainer.train()[0]
-    assert metrics["train/skipped_steps"] == 1 and metrics["reward/non_finite"] == 1
+    assert metrics["train/skipped_steps"] == 0 and metrics["reward/non_finite"] == 1
+    assert math.isfinite(metrics["loss/total"]) and math.isfinite(metrics["reward/total_mean"])
+    assert any(not torch.equal(before[n], p) for n, p in parameters(trainer).items())
+
+
+def test_non_finite_loss_skips_the_step_leaves_weights_and_is_reported(
+    make_config, data_path, monkeypatch, capsys
+):
+    import vlm_grpoma.trainer.grpo_ma as grpo_ma
+
+    real = grpo_ma.policy_loss
+
+    def poisoned(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out.loss = out.loss * math.inf
+        return out
+
+    monkeypatch.setattr(grpo_ma, "policy_loss", poisoned)
+    trainer = GRPOMATrainer(make_config(*overrides(data_path, "train.steps=2", "logging.progress_bar=false")))
+    before = parameters(trainer)
+    assert trainer.run_to_end("reward/total_mean") == 0
     assert all(torch.equal(before[n], p) for n, p in parameters(trainer).items())
+    assert trainer.skipped_steps == 2
+    assert capsys.readouterr().out.startswith(
+        "trained 2 steps (2 skipped: non-finite loss or gradient); last"
+    )
 
 
 def test_four_steps_equal_two_plus_resume_plus_two(make_config, data_path, tmp_path):

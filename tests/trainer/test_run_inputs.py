@@ -6,7 +6,7 @@ import pytest
 
 from vlm_grpoma.datasets.jsonl import read_records, write_records
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
-from vlm_grpoma.errors import CommandError
+from vlm_grpoma.errors import CheckpointError, ConfigError, DataError
 from vlm_grpoma.rewards.registry import build_rewards
 from vlm_grpoma.trainer.base import training_records
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
@@ -33,7 +33,7 @@ def test_training_uses_only_the_configured_task_and_split(make_config, mixed_pat
 
 def test_no_matching_records_names_what_the_file_has(make_config, mixed_path):
     with pytest.raises(
-        CommandError,
+        DataError,
         match=r"no affordance records of split 'train'.*4 detection/train, "
         r"2 trajectory/train",
     ):
@@ -41,7 +41,7 @@ def test_no_matching_records_names_what_the_file_has(make_config, mixed_path):
 
 
 def test_missing_records_file_is_one_line(make_config, tmp_path):
-    with pytest.raises(CommandError, match=r"^data\.train_path: .*nope\.jsonl: records file not found"):
+    with pytest.raises(DataError, match=r"^data\.train_path: .*nope\.jsonl: records file not found"):
         training_records(make_config(f"data.train_path={tmp_path / 'nope.jsonl'}"))
 
 
@@ -50,7 +50,7 @@ def test_misspelt_reward_fails_before_the_model_loads(make_config, mixed_path, m
         "vlm_grpoma.trainer.base.build_engine",
         lambda *a, **k: pytest.fail("the engine was built before the rewards were checked"),
     )
-    with pytest.raises(CommandError, match=r"^rewards\.weights\.iuo: unknown reward 'iuo'"):
+    with pytest.raises(ConfigError, match=r"^rewards\.weights\.iuo: unknown reward 'iuo'"):
         GRPOMATrainer(make_config(f"data.train_path={mixed_path}", "rewards.weights={iuo: 1.0}"))
 
 
@@ -64,7 +64,7 @@ def test_reward_options_reach_the_reward_and_bad_ones_name_the_key():
 
 
 def test_bad_resume_path_is_one_line(make_config, mixed_path, tmp_path):
-    with pytest.raises(CommandError, match=r"^checkpoint\.resume: .*nowhere is not a complete checkpoint"):
+    with pytest.raises(CheckpointError, match=r"^checkpoint\.resume: .*nowhere is not a complete checkpoint"):
         GRPOMATrainer(
             make_config(f"data.train_path={mixed_path}", f"checkpoint.resume={tmp_path / 'nowhere'}")
         )

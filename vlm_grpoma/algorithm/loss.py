@@ -1,5 +1,9 @@
 """Token-level PPO-clip objective with a k3 KL penalty, over GRPO-MA thought and answer segments.
 
+The KL penalty per token is Schulman's k3 estimator (``kl_estimator="k3"``) or k3 times the importance ratio
+``π/π_old`` (``"k3_ratio"``), kept differentiable: on-policy its value is unchanged but its gradient gains
+``k3·∇log π``. At M = 1 these are TRL GRPOTrainer's KL term with ``use_bias_correction_kl`` False and True.
+
 A *segment* is the token span trained with one advantage: a thought (context: the prompt; advantage: the
 thought advantage) or an answer (context: prompt + its thought; advantage: its own answer advantage).
 Every segment carries one per-token weight, computed for the whole optimizer batch by
@@ -22,6 +26,7 @@ from typing import Literal
 import torch
 
 Aggregation = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]
+KLEstimator = Literal["k3", "k3_ratio"]
 
 
 def grpo_ma_token_weights(
@@ -97,9 +102,19 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 
 def policy_loss(
-    segments: Segments, *, clip_eps_low: float, clip_eps_high: float, kl_beta: float
+    segments: Segments,
+    *,
+    clip_eps_low: float,
+    clip_eps_high: float,
+    kl_beta: float,
+    kl_estimator: KLEstimator = "k3",
 ) -> LossOutput:
-    """Per token ``-min(r·A, clip(r, 1-ε_low, 1+ε_high)·A) + β·k3``, weighted and summed over trained tokens."""
+    """Per token ``-min(r·A, clip(r, 1-ε_low, 1+ε_high)·A) + β·KL``, weighted and summed over trained tokens.
+
+    ``KL`` is ``k3`` or, with ``kl_estimator="k3_ratio"``, ``r·k3`` (``r`` the importance ratio, with grad).
+    """
+    if kl_estimator not in ("k3", "k3_ratio"):
+        raise ValueError(f"kl_estimator must be 'k3' or 'k3_ratio', got {kl_estimator!r}")
     logp, mask = segments.logp, segments.mask.to(segments.logp.dtype)
     old_logp = logp.detach() if segments.old_logp is None else segments.old_logp
     advantages = segments.advantages.to(logp.dtype).unsqueeze(-1)
@@ -112,6 +127,8 @@ def policy_loss(
     use_kl = kl_beta > 0 and segments.ref_logp is not None
     if use_kl:
         kl_per_token = k3_kl(logp, segments.ref_logp)
+        if kl_estimator == "k3_ratio":
+            kl_per_token = kl_per_token * ratio
         kl_part = (kl_per_token * weights).sum()
         loss = policy_part + kl_beta * kl_part
         kl_mean = kl_part.detach() / weights.sum().clamp(min=torch.finfo(logp.dtype).tiny)

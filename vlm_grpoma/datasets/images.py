@@ -1,18 +1,38 @@
-"""Load a record's image (RGB, EXIF orientation applied) or mask, with errors naming the record and path.
+"""Load a record's image (RGB, EXIF orientation applied) or mask, with errors naming the record and path;
+check every image of a dataset up front.
 
 Records store width/height of the image as displayed, i.e. after EXIF orientation; a photo whose stored
 pixels are landscape but whose orientation tag says "rotate 90°" is portrait here, and so are its boxes.
+
+:func:`image_problems` checks that each record's image (and mask) exists, decodes, has the record's size, and
+has sane dimensions (at most :data:`MAX_IMAGE_PIXELS` pixels, aspect ratio at most :data:`MAX_ASPECT_RATIO`),
+in parallel threads, with the results of unchanged files cached per records file, so a bad image is found
+when the records are loaded rather than when it is first sampled.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps
 
+from vlm_grpoma.cache import cache_dir
 from vlm_grpoma.datasets.schema import MaskRef, Record
 from vlm_grpoma.errors import DataError
+
+#: Larger images are refused (PIL's own decompression-bomb limit): they would be decoded on every sample.
+MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
+#: Longer / shorter side; Qwen-VL image processors refuse images beyond this (qwen-vl-utils' MAX_RATIO).
+MAX_ASPECT_RATIO = 200
 
 #: EXIF orientations (tag 0x0112) that swap width and height.
 _TRANSPOSING_ORIENTATIONS = {5, 6, 7, 8}
@@ -98,4 +118,125 @@ def load_mask(record_or_path: Record | str | Path, record_id: str | None = None)
     return array.any(axis=2) if array.ndim == 3 else array != 0
 
 
-__all__ = ["ImageLoadError", "check_image", "image_size", "load_image", "load_mask"]
+# ---------------------------------------------------------------------------------------------------------
+# Up-front checks of a dataset's images
+
+
+def _inspect(path: str) -> list[Any]:
+    """``[width, height]`` after EXIF orientation once the file fully decodes, else ``[problem]``."""
+    try:
+        with Image.open(path) as img:
+            width, height = img.size
+            if width * height > MAX_IMAGE_PIXELS:
+                return [f"{width}x{height} is {width * height} pixels, more than {MAX_IMAGE_PIXELS}"]
+            if img.format == "JPEG":  # decode at 1/8 scale: the whole stream is read, 20x less work
+                img.draft(img.mode, (max(1, width // 8), max(1, height // 8)))
+            img.load()
+            orientation = img.getexif().get(_ORIENTATION_TAG, 1)
+    except FileNotFoundError:
+        return ["file not found"]
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        return [f"cannot decode: {err}"]
+    return [height, width] if orientation in _TRANSPOSING_ORIENTATIONS else [width, height]
+
+
+def _size_problem(found: list[Any], record: Record, what: str) -> str | None:
+    if len(found) == 1:
+        return f"{what} {found[0]}"
+    width, height = found
+    if (width, height) != (record.width, record.height):
+        return f"{what} is {width}x{height} (after EXIF orientation) but the record says {record.width}x{record.height}"
+    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+        return f"{what} is {width}x{height}: aspect ratio beyond {MAX_ASPECT_RATIO}:1, which Qwen-VL refuses"
+    return None
+
+
+@contextmanager
+def _checks_cache(key: str | None):
+    """The cached results for ``key`` (a records file), locked so that ranks starting together check once."""
+    if key is None:
+        yield {}
+        return
+    folder = cache_dir() / "image-checks"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / ".lock", "a")  # held (locked) for the block
+    except OSError:  # an unwritable cache only costs time
+        yield {}
+        return
+    path = folder / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            cached = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            cached = {}
+        results = dict(cached) if isinstance(cached, dict) else {}
+        yield results
+        if results != cached:
+            try:
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(results), encoding="utf-8")
+                os.replace(tmp, path)
+            except OSError:
+                pass
+
+
+def _fingerprint(path: str) -> list[int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def image_problems(
+    records: Sequence[Record], *, cache_key: str | None = None, workers: int | None = None
+) -> dict[int, str]:
+    """``{index: problem}`` for every record whose image or mask is missing, does not decode, differs from the
+    record's size, or is out of bounds; files are checked in parallel, each once.
+
+    ``cache_key`` (e.g. the records file's path) keeps the results of unchanged files for the next load.
+    """
+    paths = sorted(
+        {r.image for r in records}
+        | {r.ground_truth.path for r in records if isinstance(r.ground_truth, MaskRef)}
+    )
+    with _checks_cache(cache_key) as cache:
+        found: dict[str, list[Any]] = {}
+        todo = []
+        for path in paths:
+            stamp = _fingerprint(path)
+            entry = cache.get(path)
+            if stamp is not None and entry is not None and entry[:2] == stamp:
+                found[path] = entry[2:]
+            else:
+                todo.append((path, stamp))
+        if todo:
+            threads = workers or min(16, os.cpu_count() or 1)
+            with ThreadPoolExecutor(threads) as pool:
+                for (path, stamp), result in zip(todo, pool.map(_inspect, [p for p, _ in todo])):
+                    found[path] = result
+                    if stamp is not None:
+                        cache[path] = stamp + result
+    problems = {}
+    for index, record in enumerate(records):
+        problem = _size_problem(found[record.image], record, "image")
+        if problem is None and isinstance(record.ground_truth, MaskRef):
+            problem = _size_problem(found[record.ground_truth.path], record, "mask")
+        if problem is not None:
+            path = record.image if problem.startswith("image") else record.ground_truth.path
+            problems[index] = f"{path}: {problem}"
+    return problems
+
+
+__all__ = [
+    "MAX_ASPECT_RATIO",
+    "MAX_IMAGE_PIXELS",
+    "ImageLoadError",
+    "check_image",
+    "image_problems",
+    "image_size",
+    "load_image",
+    "load_mask",
+]

@@ -4,6 +4,10 @@ Each bad line raises a :class:`RecordError` naming the file, line, record id and
 ``data/train.jsonl:17 (id shapes-000016): ground_truth.boxes[0].bbox_2d: x2 (10) must be > x1 (40)``.
 Relative ``image`` / ``mask`` paths are resolved against the JSONL file's folder when read, so in-memory
 records hold usable paths; :func:`write_records` makes them relative to the output folder again.
+
+Hostile input is bounded: a line nested deeper than :data:`MAX_JSON_DEPTH` or holding an integer longer than
+:data:`MAX_INT_DIGITS` digits is a bad line (not a ``RecursionError`` or a quadratic conversion), and
+``read_records(check_images=True)`` checks every image up front (see ``images.image_problems``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vlm_grpoma.answers import Box, Boxes, ContactAction, Points, Trajectory
+from vlm_grpoma.datasets.images import image_problems
 from vlm_grpoma.datasets.schema import TASKS, GroundTruth, MaskRef, Record, record_to_json
 from vlm_grpoma.errors import DataError
 
@@ -33,10 +38,59 @@ GROUND_TRUTH_OF_TASK: dict[str, tuple[str, ...]] = {
 }
 _REQUIRED = ("id", "image", "task", "prompt", "width", "height", "ground_truth")
 _OPTIONAL = ("split", "meta")
+#: Deepest nesting of arrays/objects accepted in a JSON value (a record needs 5 levels).
+MAX_JSON_DEPTH = 64
+#: Longest integer literal accepted (Python refuses 4300+ digits, and converts long ones in quadratic time).
+MAX_INT_DIGITS = 64
 
 
 class RecordError(DataError):
     """A record line that is not valid; the message names file:line, record id and field."""
+
+    def __init__(self, message: str, line: int = 0) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+class JSONLimitError(ValueError):
+    """JSON text that parses but exceeds :data:`MAX_JSON_DEPTH` or :data:`MAX_INT_DIGITS`."""
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise JSONLimitError(f"an integer of {len(digits.lstrip('-'))} digits (more than {MAX_INT_DIGITS})")
+    return int(digits)
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of arrays/objects in ``value``, counted without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if deepest > MAX_JSON_DEPTH:
+            break
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def loads_bounded(text: str) -> Any:
+    """``json.loads`` for untrusted text: :class:`JSONLimitError` beyond the depth and integer-size limits,
+    ``json.JSONDecodeError`` for malformed text."""
+    try:
+        value = json.loads(text, parse_int=_bounded_int)
+    except RecursionError:
+        raise JSONLimitError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except (JSONLimitError, json.JSONDecodeError):
+        raise
+    except ValueError as err:  # e.g. a float literal Python cannot convert
+        raise JSONLimitError(str(err)[:200]) from None
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise JSONLimitError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
 
 
 class _FieldError(ValueError):
@@ -48,7 +102,8 @@ class _FieldError(ValueError):
 
 @dataclass
 class LoadReport:
-    """What :func:`load_records` read: the valid records (and the line of each) and one error per skipped line."""
+    """What :func:`load_records` read: the valid records (with their line numbers) and one error per skipped
+    line, in file order."""
 
     path: Path
     records: list[Record] = field(default_factory=list)
@@ -223,21 +278,26 @@ def load_records(path: str | Path) -> LoadReport:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = loads_bounded(line)
         except json.JSONDecodeError as err:
             report.errors.append(
-                RecordError(f"{path}:{line_no}: invalid JSON: {err.msg} at column {err.colno}")
+                RecordError(f"{path}:{line_no}: invalid JSON: {err.msg} at column {err.colno}", line_no)
             )
+            continue
+        except JSONLimitError as err:
+            report.errors.append(RecordError(f"{path}:{line_no}: refused JSON: {err}", line_no))
             continue
         where = _where(path, line_no, obj)
         try:
             record = record_from_json(obj, base_dir)
         except ValueError as err:
-            report.errors.append(RecordError(f"{where}: {err}"))
+            report.errors.append(RecordError(f"{where}: {err}", line_no))
             continue
         if record.id in first_line_of_id:
             report.errors.append(
-                RecordError(f"{where}: id: duplicate id, first used on line {first_line_of_id[record.id]}")
+                RecordError(
+                    f"{where}: id: duplicate id, first used on line {first_line_of_id[record.id]}", line_no
+                )
             )
             continue
         first_line_of_id[record.id] = line_no
@@ -246,13 +306,34 @@ def load_records(path: str | Path) -> LoadReport:
     return report
 
 
-def read_records(path: str | Path, *, skip_bad: bool = False) -> list[Record]:
-    """Validated records of a JSONL file.
+def drop_bad_images(report: LoadReport) -> LoadReport:
+    """Move the records whose image or mask fails :func:`~vlm_grpoma.datasets.images.image_problems` from
+    ``report.records`` to ``report.errors`` (kept in file order)."""
+    problems = image_problems(report.records, cache_key=os.path.abspath(report.path))
+    if not problems:
+        return report
+    kept = LoadReport(report.path, errors=list(report.errors))
+    for index, (record, line_no) in enumerate(zip(report.records, report.lines)):
+        if index in problems:
+            kept.errors.append(
+                RecordError(f"{report.path}:{line_no} (id {record.id}): {problems[index]}", line_no)
+            )
+        else:
+            kept.records.append(record)
+            kept.lines.append(line_no)
+    kept.errors.sort(key=lambda err: err.line)
+    return kept
+
+
+def read_records(path: str | Path, *, skip_bad: bool = False, check_images: bool = False) -> list[Record]:
+    """Validated records of a JSONL file; with ``check_images`` every image (and mask) is checked too.
 
     The first bad line raises :class:`RecordError`. With ``skip_bad=True`` bad lines are left out and one
     warning line reports how many (use :func:`load_records` to get the individual errors).
     """
     report = load_records(path)
+    if check_images:
+        report = drop_bad_images(report)
     if report.errors and not skip_bad:
         raise report.errors[0]
     if report.errors:
@@ -318,9 +399,14 @@ def write_records(path: str | Path, records: Iterable[Record]) -> Path:
 
 __all__ = [
     "GROUND_TRUTH_OF_TASK",
+    "MAX_INT_DIGITS",
+    "MAX_JSON_DEPTH",
+    "JSONLimitError",
     "LoadReport",
     "RecordError",
+    "drop_bad_images",
     "load_records",
+    "loads_bounded",
     "parse_ground_truth",
     "read_records",
     "record_from_json",

@@ -142,7 +142,9 @@ def main(args: argparse.Namespace) -> int:
     if not config.data.eval_path:
         raise CommandError("data.eval_path: not set; point it at the JSONL records to evaluate")
     try:
-        records = read_records(config.data.eval_path, skip_bad=config.data.skip_bad_records)
+        records = read_records(
+            config.data.eval_path, skip_bad=config.data.skip_bad_records, check_images=True
+        )
     except RecordError as err:
         raise CommandError(str(err)) from None
     splits = eval_splits(records, args.split, config.data.train_split)

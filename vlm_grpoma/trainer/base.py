@@ -1,8 +1,15 @@
-"""What every training run shares (GRPO-MA and SFT): engine, adapter, records, data order, GSS tracking,
-metrics logging, checkpoints and exact resume. Subclasses implement :meth:`Trainer.train_step`."""
+"""What every training run shares (GRPO-MA and SFT): the output folder, engine, adapter, records, data order,
+GSS tracking, metrics logging, checkpoints and exact resume. Subclasses implement :meth:`Trainer.train_step`.
+
+Start-up order, cheapest checks first, each failure one line on every rank: process group; output folder
+(lock, no other run's results unless resuming, ``config.yaml``); records and their images; the records this
+model cannot take (prompt length, image size); the checkpoint to resume from, verified; only then the model.
+"""
 
 from __future__ import annotations
 
+import logging
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -12,46 +19,50 @@ from vlm_grpoma.algorithm import GradientSpikeTracker
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.jsonl import RecordError, read_records
 from vlm_grpoma.datasets.schema import Record
-from vlm_grpoma.errors import CommandError
+from vlm_grpoma.distributed import init_distributed
+from vlm_grpoma.errors import ConfigError, DataError, DistributedError, UserError
 from vlm_grpoma.models.registry import load_adapter
 from vlm_grpoma.trainer.checkpoint import (
     TrainerState,
     checkpoint_bytes,
     checkpoint_name,
     checkpoint_root,
+    choose_checkpoint,
     load_checkpoint,
-    resolve_resume,
     save_checkpoint,
 )
+from vlm_grpoma.trainer.collectives import collective, raise_on_every_rank
 from vlm_grpoma.trainer.data import PromptSampler
 from vlm_grpoma.trainer.engine import TrainingEngine, build_engine
 from vlm_grpoma.trainer.logging import MetricsLogger, reduce_metrics
+from vlm_grpoma.trainer.record_checks import screen_records
+from vlm_grpoma.trainer.run_dir import OutputLock, refuse_foreign_run, write_config
 
-
-def _checked(action):
-    """Run ``action``; a bad checkpoint or data position becomes one clear CLI error line."""
-    try:
-        return action()
-    except (FileNotFoundError, ValueError) as err:
-        raise CommandError(f"checkpoint.resume: {err}") from None
+log = logging.getLogger(__name__)
 
 
 def training_records(config: Config) -> list[Record]:
-    """The records of ``data.train_path`` with ``data.task`` and ``data.train_split`` (bad data: one clear line)."""
-    try:
-        records = read_records(config.data.train_path, skip_bad=config.data.skip_bad_records)
-    except RecordError as err:
-        raise CommandError(f"data.train_path: {err}") from None
+    """The records of ``data.train_path`` with ``data.task`` and ``data.train_split``, images checked (bad data:
+    one clear line)."""
     data = config.data
+    try:
+        records = read_records(data.train_path, skip_bad=data.skip_bad_records, check_images=True)
+    except RecordError as err:
+        raise DataError(f"data.train_path: {err}") from None
     kept = [r for r in records if r.task == data.task and r.split == data.train_split]
     if not kept:
         found = Counter((r.task, r.split) for r in records)
-        raise CommandError(
-            f"data.train_path: {data.train_path} has no {data.task} records of split "
-            f"{data.train_split!r} (data.task, data.train_split); it has "
-            + ", ".join(f"{n} {task}/{split}" for (task, split), n in sorted(found.items()))
+        has = ", ".join(f"{n} {task}/{split}" for (task, split), n in sorted(found.items()))
+        raise DataError(
+            f"data.train_path: {data.train_path} has no {data.task} records of split {data.train_split!r} "
+            f"(data.task, data.train_split); it has {has or 'no valid records'}"
         )
     return kept
+
+
+def _fingerprint(records: list[Record]) -> tuple[int, int]:
+    """(count, CRC of the ids): equal on every rank unless they read different data."""
+    return len(records), zlib.crc32("\n".join(r.id for r in records).encode())
 
 
 class Trainer:
@@ -59,34 +70,106 @@ class Trainer:
 
     def __init__(self, config: Config, *, model: torch.nn.Module | None = None) -> None:
         if not config.data.train_path:
-            raise CommandError(
-                "data.train_path is empty: point it at a records.jsonl (see vlm-grpoma make-data)"
+            raise ConfigError(
+                "data.train_path: is empty; point it at a records.jsonl (see vlm-grpoma make-data)"
             )
         self.config = config
-        self.records = training_records(config)
-        resume = _checked(lambda: resolve_resume(config.checkpoint.resume, config.logging.output_dir))
-        self.engine: TrainingEngine = build_engine(config, model)
-        self.dist = self.engine.dist
-        self.adapter = load_adapter(config.model)
-        self.sampler = PromptSampler(
-            len(self.records), config.train.prompts_per_step, config.seed, config.data.shuffle
+        timeout = config.train.dist_timeout_s
+        self.dist = init_distributed(config.deepspeed.dist_backend, timeout)
+        self._lock: OutputLock | None = None
+        try:
+            self._claim_output_dir()
+            self.adapter = load_adapter(config.model)
+            self.records = self._load_records()
+            self.check_more_data()
+            resume = choose_checkpoint(config.checkpoint.resume, config.logging.output_dir, timeout)
+            self.engine: TrainingEngine = build_engine(config, model)
+            self.sampler = PromptSampler(
+                len(self.records), config.train.prompts_per_step, config.seed, config.data.shuffle
+            )
+            self.gss = GradientSpikeTracker()
+            self.step = self.skipped_steps = 0
+            self.trained_seconds = 0.0  # time spent in training steps so far (train.time_budget_s counts it)
+            #: the step whose checkpoint the output folder holds (no need to save it again)
+            self._saved_step: int | None = None
+            if resume is not None:
+                self._resume(resume)
+            self.logger = MetricsLogger(
+                config.logging,
+                total_steps=config.train.steps,
+                initial_step=self.step,
+                run_config=config.to_dict(),
+                rank=self.dist.rank,
+            )
+        except BaseException:
+            self._release()
+            raise
+
+    # -- start-up ---------------------------------------------------------------------------------------------
+
+    def _claim_output_dir(self) -> None:
+        """Rank 0 locks the output folder, refuses another run's results unless resuming, saves config.yaml."""
+        out, error = self.config.logging.output_dir, None
+        if self.dist.is_main:
+            try:
+                self._lock = OutputLock(out)
+                refuse_foreign_run(out, self.config.checkpoint.resume)
+                write_config(out, self.config.to_dict())
+            except UserError as err:
+                error = err
+        raise_on_every_rank(
+            error, "the start-up check of the output folder", self.config.train.dist_timeout_s
         )
-        self.gss = GradientSpikeTracker()
-        self.step = 0
-        self.trained_seconds = 0.0  # time spent in training steps so far (train.time_budget_s counts it)
-        if resume is not None:
-            state = _checked(lambda: load_checkpoint(self.engine, resume))
-            self.step = state.step
-            _checked(lambda: self.sampler.load_state_dict(state.data))
-            self.gss.load_state_dict(state.metrics["gss"])
-            self.trained_seconds = float(state.metrics.get("trained_seconds", 0.0))
-        self.logger = MetricsLogger(
-            config.logging,
-            total_steps=config.train.steps,
-            initial_step=self.step,
-            run_config=config.to_dict(),
-            rank=self.dist.rank,
-        )
+
+    def _load_records(self) -> list[Record]:
+        """Training records, checked against this model's limits; every rank must end up with the same ones."""
+        config, error, records = self.config, None, []
+        try:
+            records = screen_records(
+                training_records(config),
+                self.adapter,
+                config.data.max_prompt_tokens,
+                source=f"data.train_path: {config.data.train_path}",
+                skip_bad=config.data.skip_bad_records,
+            )
+            if not records:
+                raise DataError(f"data.train_path: {config.data.train_path}: no record is left to train on")
+        except UserError as err:
+            error = err
+        raise_on_every_rank(error, "the start-up check of the records", config.train.dist_timeout_s)
+        if self.dist.world_size > 1:
+            prints: list = [None] * self.dist.world_size
+            with collective("the start-up check of the records", config.train.dist_timeout_s):
+                torch.distributed.all_gather_object(prints, _fingerprint(records))
+            if len(set(prints)) > 1:
+                raise DataError(
+                    f"data.train_path: the ranks read different records ({prints}); was "
+                    f"{config.data.train_path} or an image changed during start-up?"
+                )
+        return records
+
+    def check_more_data(self) -> None:
+        """Subclasses check further records here (held-out sets), once the adapter exists, before the model."""
+
+    def _resume(self, path: Path) -> None:
+        state = load_checkpoint(self.engine, path)
+        self.step = state.step
+        try:
+            self.sampler.load_state_dict(state.data)
+        except ValueError as err:
+            raise ConfigError(f"checkpoint.resume: {path}: {err}") from None
+        self.gss.load_state_dict(state.metrics["gss"])
+        self.skipped_steps = int(state.metrics.get("skipped_steps", 0))
+        self.trained_seconds = float(state.metrics.get("trained_seconds", 0.0))
+        if path.parent.resolve() == checkpoint_root(self.config.logging.output_dir).resolve():
+            self._saved_step = state.step
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    # -- steps ------------------------------------------------------------------------------------------------
 
     def next_records(self) -> list[Record]:
         """This rank's share of the next step's prompts."""
@@ -124,12 +207,17 @@ class Trainer:
             TrainerState(
                 step=self.step,
                 data=self.sampler.state_dict(),
-                metrics={"gss": self.gss.state_dict(), "trained_seconds": self.trained_seconds},
+                metrics={
+                    "gss": self.gss.state_dict(),
+                    "skipped_steps": self.skipped_steps,
+                    "trained_seconds": self.trained_seconds,
+                },
             ),
             processor=self.adapter.processor,
             keep_last=self.config.checkpoint.keep_last,
             merge_lora=self.config.checkpoint.merge_lora,
         )
+        self._saved_step = self.step
         if self.dist.is_main:
             sizes = checkpoint_bytes(path)
             print(
@@ -144,6 +232,29 @@ class Trainer:
         """The Hugging Face folder of the last checkpoint (what ``model.name_or_path`` of a next stage takes)."""
         return checkpoint_root(self.config.logging.output_dir) / checkpoint_name(self.step) / "model"
 
+    def _step_once(self) -> tuple[dict[str, float], bool]:
+        """One training step plus its due evaluation, and whether it is the last one (``train.steps`` or the
+        time budget reached); a lost rank is named with the step."""
+        try:
+            with collective(
+                f"a collective of training step {self.step + 1}", self.config.train.dist_timeout_s
+            ):
+                metrics = self.train_step()
+                self.trained_seconds += metrics["time/step_s"]
+                metrics["time/trained_s"] = self.trained_seconds
+                final = self.step >= self.config.train.steps or self.budget_spent()
+                metrics.update(self.evaluation(final))
+        except DistributedError as err:
+            raise DistributedError(f"step {self.step + 1}: {err}") from None
+        if metrics.get("train/skipped_steps", 0) > 0:
+            self.skipped_steps += 1
+            if self.dist.is_main:
+                log.warning(
+                    "step %d: optimizer step skipped, the loss or gradient was not finite; weights unchanged",
+                    self.step,
+                )
+        return metrics, final
+
     def train(self) -> list[dict[str, float]]:
         """Train until ``train.steps`` (or ``train.time_budget_s``); checkpoint every ``checkpoint.save_every``
         steps and at the end."""
@@ -153,29 +264,31 @@ class Trainer:
                 self.logger.log(0, before)  # step 0: the starting model's held-out metrics only
             final = self.step >= self.config.train.steps
             while not final:
-                metrics = self.train_step()
-                self.trained_seconds += metrics["time/step_s"]
-                final = self.step >= self.config.train.steps or self.budget_spent()
-                metrics["time/trained_s"] = self.trained_seconds
-                metrics.update(self.evaluation(final))
+                metrics, final = self._step_once()
                 self.logger.log(self.step, metrics)
                 history.append(metrics)
                 every = self.config.checkpoint.save_every
                 if every and self.step % every == 0 and not final:
                     self.save()
-            self.save()
+            if self._saved_step != self.step:
+                self.save()
         finally:
             self.logger.close()
+            self._release()
         return history
 
     def run_to_end(self, headline: str) -> int:
         """CLI body: train, print a one-line summary on rank 0, release ZeRO-3 state; exit code 0."""
         history = self.train()
-        if self.dist.is_main and history:
-            last = history[-1]
-            print(
-                f"trained {self.step} steps; last {headline} {last[headline]:.3f}, {last['time/step_s']:.2f} "
-                f"s/step; model in {self.final_model_dir}"
+        if self.dist.is_main:
+            skipped = (
+                f" ({self.skipped_steps} skipped: non-finite loss or gradient)" if self.skipped_steps else ""
             )
+            last = (
+                f"; last {headline} {history[-1][headline]:.3f}, {history[-1]['time/step_s']:.2f} s/step"
+                if history
+                else " (already done)"
+            )
+            print(f"trained {self.step} steps{skipped}{last}; model in {self.final_model_dir}")
         self.engine.close()
         return 0

@@ -1,4 +1,5 @@
-"""Checkpoints: a Hugging Face model folder plus the trainer state for exact resume, written atomically.
+"""Checkpoints: a Hugging Face model folder plus the trainer state for exact resume, written atomically and
+verified before they are resumed from.
 
 Layout of ``<output_dir>/checkpoints/step-00000010/``::
 
@@ -7,16 +8,28 @@ Layout of ``<output_dir>/checkpoints/step-00000010/``::
                            scheduler; frozen parameters (a LoRA base, a frozen vision tower) are left out and
                            come back from model.name_or_path on resume
     rng/rank-00000.pt      python / numpy / torch (+cuda) RNG states of each rank
-    trainer_state.pt       TrainerState (step, data position, metric trackers); loads with weights_only=True
-    checkpoint.json        written last: a folder without it is incomplete and never resumed from
+    trainer_state.pt       TrainerState (step, data position, metric trackers)
+    checkpoint.json        written last: format, step, world size... and the manifest (size and SHA-256 of
+                           every other file); a folder without it is incomplete and never resumed from
 
-Every rank writes into ``.tmp-step-…`` (the output folder must be shared by all ranks); rank 0 renames it
-into place once all ranks are done, so a crash mid-save leaves the previous checkpoint as the newest.
+Writing: every rank writes into ``.tmp-step-…`` (the output folder must be shared by all ranks); the ranks
+share the hashing and fsync of the files, rank 0 writes and syncs checkpoint.json, renames the folder into
+place and syncs its parent. Re-saving a step first renames the old copy to ``.old-step-…``, which stands for
+that step until the new copy is in place, so at no moment is the step missing.
+
+Loading: the manifest is checked first (sizes on every rank, hashes shared among the ranks), then every
+``.pt`` file is unpickled with ``weights_only=True`` (DeepSpeed's through :mod:`~vlm_grpoma.trainer.safe_load`),
+so a damaged or tampered checkpoint is refused with one line and never runs code.
+``checkpoint.resume=auto`` takes the newest checkpoint that passes, says which ones it skipped and moves them
+aside (``damaged-step-…``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
 import random
 import re
 import shutil
@@ -30,12 +43,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from vlm_grpoma.errors import CheckpointError
+from vlm_grpoma.trainer.collectives import collective
 from vlm_grpoma.trainer.engine import TrainingEngine
+from vlm_grpoma.trainer.run_dir import atomic_write_text, fsync_dir, storage_errors
+from vlm_grpoma.trainer.safe_load import safe_torch_load, use_safe_checkpoint_loading
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
-_NAME = re.compile(r"^step-(\d+)$")
+_NAME = re.compile(r"^(?:\.old-)?step-(\d+)$")  # .old-step-N: the previous copy during a re-save
 _DS_TAG = "state"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checkpoint.json carries the manifest
+META_FILE = "checkpoint.json"
+_HASH_CHUNK = 8 << 20
 
 
 @dataclass
@@ -51,13 +72,18 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def _barrier() -> None:
+def _barrier(what: str, timeout_s: float | None) -> None:
     if torch.distributed.is_initialized():
-        torch.distributed.barrier()
+        with collective(what, timeout_s):
+            torch.distributed.barrier()
 
 
 def _rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def _world() -> int:
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -161,6 +187,95 @@ def save_model(engine: TrainingEngine, out: Path, *, processor: Any = None, merg
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Manifest: sizes and hashes, computed and checked with the work shared among the ranks
+
+
+def _digest(path: Path, sync: bool) -> tuple[int, str]:
+    """(size, SHA-256) of a file, fsyncing it first when ``sync``."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        if sync:
+            os.fsync(f.fileno())
+        while chunk := f.read(_HASH_CHUNK):
+            sha.update(chunk)
+    return path.stat().st_size, sha.hexdigest()
+
+
+def _shared(items: list[str], work, what: str, timeout_s: float | None) -> dict[str, Any]:
+    """``{item: work(item)}`` with rank r doing ``items[r::world]``, gathered on every rank."""
+    mine = {item: work(item) for item in items[_rank() :: _world()]}
+    if _world() == 1:
+        return mine
+    parts: list[dict[str, Any]] = [{} for _ in range(_world())]
+    with collective(what, timeout_s):
+        torch.distributed.all_gather_object(parts, mine)
+    return {key: value for part in parts for key, value in part.items()}
+
+
+def _files(folder: Path) -> list[str]:
+    """Every file under ``folder`` but checkpoint.json, as sorted POSIX paths relative to it."""
+    return sorted(
+        p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != META_FILE
+    )
+
+
+def _manifest(folder: Path, timeout_s: float | None) -> dict[str, dict[str, Any]]:
+    digests = _shared(
+        _files(folder), lambda name: _digest(folder / name, sync=True), "the checkpoint hashing", timeout_s
+    )
+    return {name: {"size": size, "sha256": sha} for name, (size, sha) in sorted(digests.items())}
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """checkpoint.json of a checkpoint folder; a missing, unreadable or incomplete one is a CheckpointError."""
+    meta_file = path / META_FILE
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{meta_file}: missing; the checkpoint is incomplete") from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise CheckpointError(f"{meta_file}: unreadable ({err})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise CheckpointError(
+            f"{meta_file}: format {found!r}, expected {FORMAT_VERSION} (a checkpoint with a manifest); "
+            "it was written by another version of vlm-grpoma or damaged"
+        )
+    missing = [k for k in ("step", "world_size", "files") if k not in meta]
+    if missing or not isinstance(meta["files"], dict):
+        raise CheckpointError(f"{meta_file}: damaged (no {', '.join(missing) or 'file list'})")
+    return meta
+
+
+def verify_checkpoint(path: Path, timeout_s: float | None = None) -> None:
+    """Raise a CheckpointError naming the first file that is missing or differs from the manifest.
+
+    Sizes are checked on every rank, the hashes shared among the ranks; every rank must call.
+    """
+    meta = read_meta(path)
+    files = meta["files"]
+    problems = []
+    for name, entry in files.items():
+        file = path / name
+        if not file.is_file():
+            problems.append(f"{file}: missing")
+        elif file.stat().st_size != entry.get("size"):
+            problems.append(f"{file}: {file.stat().st_size} bytes, the manifest says {entry.get('size')}")
+    if not problems:
+        hashes = _shared(
+            sorted(files), lambda name: _digest(path / name, sync=False)[1], "the checkpoint check", timeout_s
+        )
+        problems = [
+            f"{path / n}: content differs from the manifest"
+            for n in sorted(files)
+            if hashes[n] != files[n].get("sha256")
+        ]
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise CheckpointError(f"{problems[0]}{more}")
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Save / find / load
 
 
@@ -168,17 +283,40 @@ def checkpoint_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / CHECKPOINT_DIR
 
 
-def is_complete(path: Path) -> bool:
-    return _NAME.match(path.name) is not None and (path / "checkpoint.json").is_file()
+def _step_of(path: Path) -> int | None:
+    found = _NAME.match(path.name)
+    return int(found.group(1)) if found else None
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoints under ``output_dir``, oldest first."""
+    """Complete checkpoints under ``output_dir`` (with checkpoint.json), oldest first, one per step.
+
+    A ``.old-step-N`` left by a crash during a re-save stands for step N when ``step-N`` is absent.
+    """
     root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and is_complete(p)]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+    by_step: dict[int, Path] = {}
+    for path in sorted(root.iterdir(), key=lambda p: p.name.startswith(".old-")):  # step-N first
+        step = _step_of(path)
+        if step is not None and step not in by_step and (path / META_FILE).is_file():
+            by_step[step] = path
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def _tidy(root: Path) -> None:
+    """Before a save (rank 0): remove half-written folders; put back an old copy whose re-save never finished."""
+    for path in root.iterdir():
+        if path.name.startswith(".tmp-"):
+            shutil.rmtree(path)
+        elif path.name.startswith(".old-"):
+            final = root / path.name[len(".old-") :]
+            if (final / META_FILE).is_file():
+                shutil.rmtree(path)
+            else:
+                if final.exists():
+                    shutil.rmtree(final)
+                path.rename(final)
 
 
 def save_checkpoint(
@@ -190,18 +328,46 @@ def save_checkpoint(
     keep_last: int = 2,
     merge_lora: bool = False,
 ) -> Path:
-    """Write the checkpoint of ``state.step`` atomically, keep the newest ``keep_last``; all ranks call."""
+    """Write the checkpoint of ``state.step`` atomically, keep the newest ``keep_last``; all ranks call.
+
+    A full disk or read-only folder is a StorageError naming the path; the previous checkpoint stays intact.
+    """
     root = checkpoint_root(output_dir)
     final = root / checkpoint_name(state.step)
     tmp = root / f".tmp-{final.name}"
-    rank = _rank()
+    kept = list_checkpoints(output_dir)
+    hint = (
+        f"the newest complete checkpoint, {kept[-1].name}, is intact; make room and continue with "
+        "checkpoint.resume=auto"
+        if kept
+        else "no checkpoint was completed"
+    )
+    with storage_errors(tmp, f"saving the checkpoint of step {state.step}", hint):
+        _write(
+            engine, root, tmp, final, state, processor=processor, keep_last=keep_last, merge_lora=merge_lora
+        )
+    return final
+
+
+def _write(
+    engine: TrainingEngine,
+    root: Path,
+    tmp: Path,
+    final: Path,
+    state: TrainerState,
+    *,
+    processor: Any,
+    keep_last: int,
+    merge_lora: bool,
+) -> None:
+    rank, timeout_s = _rank(), engine.config.train.dist_timeout_s
+    barrier = f"the checkpoint barrier of step {state.step}"
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".tmp-*"):  # left by a crash
-            shutil.rmtree(stale)
+        _tidy(root)
         tmp.mkdir()
         (tmp / "rng").mkdir()
-    _barrier()
+    _barrier(barrier, timeout_s)
     save_model(engine, tmp / "model", processor=processor, merge_lora=merge_lora)
     with _without_frozen_aliases(engine.deepspeed):
         engine.deepspeed.save_checkpoint(
@@ -212,9 +378,11 @@ def save_checkpoint(
             exclude_frozen_parameters=True,
         )
     torch.save(rng_state(), tmp / "rng" / f"rank-{rank:05d}.pt")
-    _barrier()
     if rank == 0:
         torch.save(asdict(state), tmp / "trainer_state.pt")
+    _barrier(barrier, timeout_s)
+    files = _manifest(tmp, timeout_s)
+    if rank == 0:
         meta = {
             "format": FORMAT_VERSION,
             "step": state.step,
@@ -223,19 +391,23 @@ def save_checkpoint(
             "lora": engine.is_lora,
             "merged_lora": engine.is_lora and merge_lora,
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "files": files,
         }
-        (tmp / "checkpoint.json").write_text(json.dumps(meta, indent=2) + "\n")
-        if final.exists():  # re-saving a step (e.g. the final save right after a periodic one)
-            trash = root / f".tmp-old-{final.name}"
-            final.rename(trash)
+        for folder in sorted({(tmp / name).parent for name in files}, key=lambda p: -len(p.parts)):
+            fsync_dir(folder)
+        atomic_write_text(tmp / META_FILE, json.dumps(meta, indent=1) + "\n")
+        if final.exists():  # re-saving a step: the old copy stands for it until the new one is in place
+            old = root / f".old-{final.name}"
+            final.rename(old)
             tmp.rename(final)
-            shutil.rmtree(trash)
+            fsync_dir(root)
+            shutil.rmtree(old)
         else:
             tmp.rename(final)
-        for old in list_checkpoints(output_dir)[:-keep_last]:
-            shutil.rmtree(old)
-    _barrier()
-    return final
+        fsync_dir(root)
+        for older in list_checkpoints(root.parent)[:-keep_last]:
+            shutil.rmtree(older)
+    _barrier(barrier, timeout_s)
 
 
 def _frozen_names(module: torch.nn.Module) -> set[str]:
@@ -291,40 +463,100 @@ def checkpoint_bytes(path: str | Path) -> dict[str, int]:
     return sizes
 
 
-def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
-    """``checkpoint.resume``: none/empty → None; auto → the newest complete checkpoint or None; a PATH."""
+def resume_candidates(resume: str, output_dir: str | Path) -> list[Path]:
+    """``checkpoint.resume``: none/empty → []; auto → complete checkpoints, newest first; a PATH → [PATH]."""
     if resume in ("", "none"):
-        return None
+        return []
     if resume == "auto":
-        found = list_checkpoints(output_dir)
-        return found[-1] if found else None
+        return list_checkpoints(output_dir)[::-1]
     path = Path(resume)
-    if not path.is_dir() or not (path / "checkpoint.json").is_file():
-        raise FileNotFoundError(
+    if not path.is_dir() or not (path / META_FILE).is_file():
+        raise CheckpointError(
             f"checkpoint.resume: {path} is not a complete checkpoint folder "
-            "(no checkpoint.json); use auto or a step-NNNNNNNN folder"
+            f"(no {META_FILE}); use auto or a step-NNNNNNNN folder"
         )
-    return path
+    return [path]
+
+
+def choose_checkpoint(resume: str, output_dir: str | Path, timeout_s: float | None = None) -> Path | None:
+    """The verified checkpoint to resume from (None: start afresh); every rank must call.
+
+    A PATH that fails verification is an error. ``auto`` skips damaged checkpoints, newest first, moves them
+    aside to ``damaged-step-…`` and says so; if every one is damaged it is an error, never a silent restart.
+    """
+    candidates = resume_candidates(resume, output_dir)
+    skipped = []
+    for path in candidates:
+        try:
+            verify_checkpoint(path, timeout_s)
+        except CheckpointError as err:
+            if resume != "auto":
+                raise CheckpointError(f"checkpoint.resume: {err}") from None
+            skipped.append((path, err))
+            continue
+        _set_aside(skipped, f"resuming from {path.name} instead", timeout_s)
+        return path
+    if skipped:
+        _set_aside(skipped, "no intact checkpoint is left", timeout_s)
+        raise CheckpointError(
+            f"checkpoint.resume=auto: every checkpoint in {checkpoint_root(output_dir)} is damaged (newest: "
+            f"{skipped[0][1]}); they were moved to damaged-step-…; start afresh in a new logging.output_dir"
+        )
+    return None
+
+
+def _set_aside(skipped: list[tuple[Path, CheckpointError]], outcome: str, timeout_s: float | None) -> None:
+    """Rank 0 renames each damaged checkpoint to ``damaged-<name>`` (never resumed, never pruned) and says so."""
+    if not skipped:
+        return
+    _barrier("the checkpoint check", timeout_s)  # every rank is done reading them
+    if _rank() != 0:
+        return
+    for path, err in skipped:
+        target = path.with_name(f"damaged-{path.name.removeprefix('.old-')}")
+        if target.exists():
+            shutil.rmtree(target)
+        path.rename(target)
+        log.warning(
+            "checkpoint.resume=auto: skipped %s, damaged: %s; moved to %s; %s",
+            path.name,
+            err,
+            target.name,
+            outcome,
+        )
 
 
 def load_checkpoint(engine: TrainingEngine, path: str | Path) -> TrainerState:
-    """Restore model, optimizer, scheduler and this rank's RNG from ``path``; return the trainer state."""
+    """Restore model, optimizer, scheduler and this rank's RNG from a verified ``path``; return the trainer state.
+
+    Nothing is unpickled beyond tensors, plain containers and DeepSpeed's own state classes.
+    """
     path = Path(path)
-    meta = json.loads((path / "checkpoint.json").read_text())
+    meta = read_meta(path)
     if meta["world_size"] != engine.dist.world_size:
-        raise ValueError(
+        raise CheckpointError(
             f"{path}: saved with {meta['world_size']} ranks, resuming with {engine.dist.world_size}; "
             "exact resume needs the same world size"
         )
-    loaded, _ = engine.deepspeed.load_checkpoint(
-        str(path / "deepspeed"),
-        tag=_DS_TAG,
-        load_optimizer_states=True,
-        load_lr_scheduler_states=True,
-        custom_load_fn=_load_trainable,
-    )
+    use_safe_checkpoint_loading(engine.deepspeed)
+    try:
+        loaded, _ = engine.deepspeed.load_checkpoint(
+            str(path / "deepspeed"),
+            tag=_DS_TAG,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+            custom_load_fn=_load_trainable,
+        )
+    except (RuntimeError, KeyError, ValueError, AssertionError) as err:
+        detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        raise CheckpointError(
+            f"{path}: does not fit this run's model and optimizer (model, LoRA or ZeRO settings differ?): {detail}"
+        ) from None
     if loaded is None:
-        raise FileNotFoundError(f"{path / 'deepspeed'}: DeepSpeed found no state to load")
-    rng_file = path / "rng" / f"rank-{engine.dist.rank:05d}.pt"
-    set_rng_state(torch.load(rng_file, weights_only=True))
-    return TrainerState(**torch.load(path / "trainer_state.pt", weights_only=True))
+        raise CheckpointError(f"{path / 'deepspeed'}: DeepSpeed found no state to load")
+    set_rng_state(safe_torch_load(str(path / "rng" / f"rank-{engine.dist.rank:05d}.pt")))
+    saved = safe_torch_load(str(path / "trainer_state.pt"))
+    try:
+        return TrainerState(**saved)
+    except TypeError:
+        raise CheckpointError(f"{path / 'trainer_state.pt'}: not a trainer state") from None

@@ -39,8 +39,11 @@ from vlm_grpoma.models.loading import (
     load_pretrained,
     prepare_trainable,
 )
+from vlm_grpoma.trainer.collectives import collective
 from vlm_grpoma.trainer.deepspeed_config import deepspeed_config, resolve_precision
 from vlm_grpoma.trainer.optim import build_optimizer, lr_factor
+
+_GRADIENT_ALL_REDUCE = "the gradient all-reduce of the optimizer step"
 
 # ---------------------------------------------------------------------------------------------------------
 # The engine the loop drives
@@ -109,10 +112,11 @@ class TrainingEngine:
             )
         if not bool(torch.isfinite(loss.detach()).all()):
             loss = loss * float("nan")
-        self.deepspeed.backward(loss, scale_wrt_gas=False)
-        self._micro_steps += 1
-        if self._micro_steps < self.gradient_accumulation_steps:
-            self.deepspeed.step()  # not a boundary: DeepSpeed only advances its micro-step counter
+        with collective(_GRADIENT_ALL_REDUCE, self.config.train.dist_timeout_s):
+            self.deepspeed.backward(loss, scale_wrt_gas=False)
+            self._micro_steps += 1
+            if self._micro_steps < self.gradient_accumulation_steps:
+                self.deepspeed.step()  # not a boundary: DeepSpeed only advances its micro-step counter
 
     def step(self) -> StepResult:
         """Apply the accumulated gradient (clipped to ``optim.max_grad_norm``), or skip it if non-finite."""
@@ -130,7 +134,8 @@ class TrainingEngine:
         if manual:
             grad_norm = _global_norm([p.grad for p in self.module.parameters() if p.grad is not None])
             optimizer.overflow = not math.isfinite(grad_norm)  # DeepSpeed then skips the LR step as well
-        self.deepspeed.step()
+        with collective(_GRADIENT_ALL_REDUCE, self.config.train.dist_timeout_s):
+            self.deepspeed.step()
         if not manual:
             reported = self.deepspeed.get_global_grad_norm()
             grad_norm = float("nan") if reported is None else float(reported)
@@ -187,7 +192,7 @@ def build_engine(config: Config, model: torch.nn.Module | None = None) -> Traini
     optimizer steps.
     """
     deepspeed = import_deepspeed()
-    dist = init_distributed(config.deepspeed.dist_backend)
+    dist = init_distributed(config.deepspeed.dist_backend, config.train.dist_timeout_s)
     on_gpu = dist.device.type == "cuda"
     ds_config = deepspeed_config(config, dist.world_size, on_gpu=on_gpu)
     precision = resolve_precision(config, on_gpu)

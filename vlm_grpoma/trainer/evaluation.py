@@ -44,7 +44,7 @@ def load_eval_sets(config: Config) -> list[EvalSet]:
         if not _SET_NAME.fullmatch(name):
             raise CommandError(f"{key}: set names become metric keys; use letters, digits, '_', '-' or '.'")
         try:
-            records = read_records(path, skip_bad=config.data.skip_bad_records)
+            records = read_records(path, skip_bad=config.data.skip_bad_records, check_images=True)
         except RecordError as err:
             raise CommandError(f"{key}: {err}") from None
         kept = [r for r in records if r.task == config.data.task]

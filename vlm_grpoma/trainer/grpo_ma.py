@@ -2,13 +2,16 @@
 
 records → rollout tree (policy in eval mode, no grad) → rewards → advantages → μ policy epochs over
 micro-batches of prompts (thought and answer segments) → optimizer step → metrics. Prompts are sharded across
-ranks; rewards and advantages are computed per prompt group on the rank that owns it. A non-finite reward,
-loss or gradient makes the engine skip the optimizer step on every rank (weights untouched) and is logged.
+ranks; rewards and advantages are computed per prompt group on the rank that owns it. An answer with a
+non-finite reward gets advantage 0 and is left out of its group's statistics; such answers are counted
+(``reward/non_finite``, summed over ranks) and warned about once per step. A non-finite loss or gradient
+makes the engine skip the optimizer step on every rank (weights untouched), which is logged and reported.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import time
 from collections import defaultdict
@@ -24,9 +27,10 @@ from vlm_grpoma.algorithm import (
     policy_loss,
     thought_advantage_variance,
 )
+from vlm_grpoma.algorithm.advantages import thought_values
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.schema import Record
-from vlm_grpoma.errors import CommandError
+from vlm_grpoma.errors import ConfigError
 from vlm_grpoma.rewards.registry import build_rewards
 from vlm_grpoma.rollout.backends import build_rollout_engine, logprob_mismatch
 from vlm_grpoma.rollout.engine import SamplingParams
@@ -36,8 +40,11 @@ from vlm_grpoma.trainer.evaluation import EvalSet, evaluate_sets, greedy_params,
 from vlm_grpoma.trainer.logging import reduce_metrics, sum_over_ranks
 from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
 from vlm_grpoma.trainer.packed import shared_prefix_log_probs
+from vlm_grpoma.trainer.record_checks import screen_records
 from vlm_grpoma.trainer.samples import completion_samples
 from vlm_grpoma.trainer.scoring import score_tree
+
+log = logging.getLogger(__name__)
 
 
 def sampling_seed(seed: int, step: int, rank: int) -> int:
@@ -63,10 +70,27 @@ class GRPOMATrainer(Trainer):
         try:  # before any model is loaded: a misspelt reward fails in a second
             self.rewards = build_rewards(config.rewards.weights, config.rewards.options)
         except ValueError as err:
-            raise CommandError(str(err)) from None
+            raise ConfigError(str(err)) from None
         self.eval_sets: list[EvalSet] = load_eval_sets(config)
         super().__init__(config, model=model)
         self.rollout = build_rollout_engine(config, self.engine, self.adapter, dist=self.dist)
+
+    def check_more_data(self) -> None:
+        """The held-out sets, like the training records, hold only records this model can take."""
+        data = self.config.data
+        self.eval_sets = [
+            EvalSet(
+                s.name,
+                screen_records(
+                    s.records,
+                    self.adapter,
+                    data.max_prompt_tokens,
+                    source=f"data.eval_sets.{s.name}: {data.eval_sets[s.name]}",
+                    skip_bad=data.skip_bad_records,
+                ),
+            )
+            for s in self.eval_sets
+        ]
 
     def evaluation(self, final: bool = False) -> dict[str, float]:
         """Held-out metrics when ``train.eval_every`` says so (before step 1, every N steps, after the last)."""
@@ -160,6 +184,7 @@ class GRPOMATrainer(Trainer):
                             clip_eps_low=algo.clip_eps_low,
                             clip_eps_high=algo.clip_eps_high,
                             kl_beta=algo.kl_beta,
+                            kl_estimator=algo.kl_estimator,
                         )
                     )
                 self.engine.backward(parts[0].loss + parts[1].loss)
@@ -211,12 +236,17 @@ class GRPOMATrainer(Trainer):
 
         finite = torch.isfinite(rewards)
         values = rewards[finite]
-        thought_values = rewards.mean(-1)
+        per_thought = thought_values(rewards)
+        has_value = torch.isfinite(per_thought)
         local = {
-            "reward/non_finite": float((~finite).sum()),
             "answers/parse_rate": float(parsed.float().mean()),
-            "groups/zero_thought_variance": float(
-                (thought_values.amax(-1) == thought_values.amin(-1)).float().mean()
+            "groups/zero_thought_variance": float(  # fewer than two distinct finite thought values
+                (
+                    per_thought.where(has_value, -math.inf).amax(-1)
+                    <= per_thought.where(has_value, math.inf).amin(-1)
+                )
+                .float()
+                .mean()
             ),
             "variance/thought_adv_estimate": float(thought_advantage_variance(rewards).nanmean()),
             "lengths/thought_mean": float(tree.thought_lengths.float().mean()),
@@ -232,23 +262,36 @@ class GRPOMATrainer(Trainer):
         }
         for name, component in result.components.items():
             local[f"reward/{name}_mean"] = float(torch.tensor(component, dtype=torch.float64).nanmean())
-        metrics = reduce_metrics(local)
+        timeout = self.config.train.dist_timeout_s
+        metrics = reduce_metrics(local, timeout_s=timeout)
         # Mean and std over every finite reward of every rank (ranks may hold different numbers of them).
         sums = reduce_metrics(
             {
                 "n": float(values.numel()),
                 "sum": float(values.sum()),
                 "sq": float((values.double() ** 2).sum()),
+                "non_finite": float((~finite).sum()),
             },
             "sum",
+            timeout,
         )
         mean = sums["sum"] / sums["n"] if sums["n"] else math.nan
         metrics["reward/total_mean"] = mean
         metrics["reward/total_std"] = (
             math.sqrt(max(sums["sq"] / sums["n"] - mean**2, 0.0)) if sums["n"] else math.nan
         )
-        metrics.update({f"failures/{k}": float(v) for k, v in sum_over_ranks(result.failures).items()})
+        metrics["reward/non_finite"] = sums["non_finite"]
+        metrics.update(
+            {f"failures/{k}": float(v) for k, v in sum_over_ranks(result.failures, timeout).items()}
+        )
         metrics.update(self.gradient_metrics(grad_norms[-1]))
+        if sums["non_finite"] and self.dist.is_main:
+            log.warning(
+                "step %d: %d answer(s) got a non-finite reward; they were left out of their groups' statistics "
+                "with advantage 0 (reward/non_finite)",
+                self.step,
+                int(sums["non_finite"]),
+            )
         metrics["time/step_s"] = time.perf_counter() - start
         return metrics
 

@@ -3,6 +3,9 @@
 Only rank 0 writes; every rank may call :meth:`MetricsLogger.log` (other ranks ignore it). Metric names are
 flat ``group/name`` keys (``reward/total_mean``, ``time/step_s``); :func:`flatten` turns nested dicts into
 them and :func:`reduce_metrics` averages (or sums, maxes) them over ranks before logging.
+
+A resumed run redoes the steps after its checkpoint: their rows from the interrupted attempt are dropped from
+``metrics.jsonl`` (and purged from TensorBoard), so every step appears once.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from typing import Any, Literal
 import torch
 
 from vlm_grpoma.config import LoggingConfig
+from vlm_grpoma.trainer.collectives import collective
+from vlm_grpoma.trainer.run_dir import METRICS_FILE, atomic_write_text, storage_errors
 
 REWARD_KEY = "reward/total_mean"
 STEP_TIME_KEY = "time/step_s"
-METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
@@ -48,8 +52,30 @@ def _scalar(value: Any) -> float | int | str | bool | None:
     return float(value)
 
 
+def keep_rows_until(path: Path, step: int) -> bool:
+    """Drop the rows of ``path`` (metrics.jsonl) that a run starting after ``step`` logs again: those after
+    ``step``, or all of them when it starts at 0. Returns whether the file existed."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    except FileNotFoundError:
+        return False
+    kept = [line for line in lines if step > 0 and _row_step(line) <= step]
+    if len(kept) != len(lines):
+        atomic_write_text(path, "".join(kept))
+    return True
+
+
+def _row_step(line: str) -> float:
+    """The step of a metrics row (a torn last line from a crash counts as redone)."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
 class MetricsLogger:
-    """Writes one JSON object per step to ``<output_dir>/metrics.jsonl`` (appending across resumes)."""
+    """Writes one JSON object per step to ``<output_dir>/metrics.jsonl``; a resumed run (``initial_step``) continues
+    the file after dropping the rows of the steps it redoes."""
 
     def __init__(
         self,
@@ -68,12 +94,16 @@ class MetricsLogger:
         self._jsonl = self._tensorboard = self._wandb = self._bar = None
         if not self.enabled:
             return
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(self.output_dir / METRICS_FILE, "a", encoding="utf-8")  # closed in close()
-        if cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+        self._path = self.output_dir / METRICS_FILE
+        with storage_errors(self._path, "writing metrics"):
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            existed = keep_rows_until(self._path, initial_step)
+            self._jsonl = open(self._path, "a", encoding="utf-8")  # closed in close()
+            if cfg.tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self._tensorboard = SummaryWriter(str(self.output_dir / TENSORBOARD_DIR))
+                purge = (initial_step + 1 if initial_step else 0) if existed else None
+                self._tensorboard = SummaryWriter(str(self.output_dir / TENSORBOARD_DIR), purge_step=purge)
         if cfg.wandb_project:
             try:
                 import wandb
@@ -101,16 +131,16 @@ class MetricsLogger:
         if not self.enabled:
             return
         flat = {key: _scalar(value) for key, value in flatten(metrics).items()}
-        self._jsonl.write(json.dumps({"step": step, **flat}) + "\n")
-        self._jsonl.flush()
         numeric = {k: v for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if step % self.cfg.log_every == 0:
-            if self._tensorboard is not None:
+        with storage_errors(self._path, "writing metrics"):
+            self._jsonl.write(json.dumps({"step": step, **flat}) + "\n")
+            self._jsonl.flush()
+            if step % self.cfg.log_every == 0 and self._tensorboard is not None:
                 for key, value in numeric.items():
                     self._tensorboard.add_scalar(key, value, step)
                 self._tensorboard.flush()
-            if self._wandb is not None:
-                self._wandb.log(numeric, step=step)
+        if step % self.cfg.log_every == 0 and self._wandb is not None:
+            self._wandb.log(numeric, step=step)
         if self._bar is not None and step > 0:  # step 0 holds only the starting model's evaluation
             postfix = {}
             if numeric.get(REWARD_KEY) is not None:
@@ -154,11 +184,14 @@ class MetricsLogger:
 
 
 def reduce_metrics(
-    metrics: Mapping[str, float], op: Literal["mean", "sum", "max", "min"] = "mean"
+    metrics: Mapping[str, float],
+    op: Literal["mean", "sum", "max", "min"] = "mean",
+    timeout_s: float | None = None,
 ) -> dict[str, float]:
     """Reduce every value over all ranks (two all-reduces); all ranks must pass the same keys.
 
-    Without a process group (or with one rank) the values come back unchanged.
+    Without a process group (or with one rank) the values come back unchanged. ``timeout_s`` is only named in
+    the error when a rank never joins (the process group enforces it).
     """
     keys = sorted(metrics)
     if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
@@ -171,7 +204,8 @@ def reduce_metrics(
     # Same key set on every rank: compare a checksum of the names (max == min over ranks).
     checksum = float(zlib.crc32("\n".join(keys).encode()))
     check = torch.tensor([checksum, -checksum], dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(check, op=torch.distributed.ReduceOp.MAX)
+    with collective("the metrics all-reduce", timeout_s):
+        torch.distributed.all_reduce(check, op=torch.distributed.ReduceOp.MAX)
     if check[0].item() != -check[1].item():
         raise ValueError(f"reduce_metrics: ranks passed different metric names (this rank: {keys})")
     values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
@@ -181,18 +215,20 @@ def reduce_metrics(
         "max": torch.distributed.ReduceOp.MAX,
         "min": torch.distributed.ReduceOp.MIN,
     }[op]
-    torch.distributed.all_reduce(values, op=reduce_op)
+    with collective("the metrics all-reduce", timeout_s):
+        torch.distributed.all_reduce(values, op=reduce_op)
     if op == "mean":
         values /= torch.distributed.get_world_size()
     return dict(zip(keys, values.tolist()))
 
 
-def sum_over_ranks(counts: Mapping[str, float]) -> dict[str, float]:
+def sum_over_ranks(counts: Mapping[str, float], timeout_s: float | None = None) -> dict[str, float]:
     """Add up per-rank values whose keys may differ between ranks (failure reasons, a rank with no records)."""
     if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
         return dict(counts)
     gathered: list[dict[str, float]] = [{} for _ in range(torch.distributed.get_world_size())]
-    torch.distributed.all_gather_object(gathered, dict(counts))
+    with collective("the metrics all-gather", timeout_s):
+        torch.distributed.all_gather_object(gathered, dict(counts))
     total: dict[str, float] = {}
     for part in gathered:
         for key, value in part.items():

@@ -12,6 +12,7 @@ from typing import Any
 
 from vlm_grpoma.answers import XY
 from vlm_grpoma.datasets.images import ImageLoadError, image_size
+from vlm_grpoma.datasets.jsonl import JSONLimitError, loads_bounded
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import DataError
 
@@ -56,9 +57,11 @@ def checked_image_size(path: Path, where: str) -> tuple[int, int]:
 
 def load_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return loads_bounded(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConvertError(f"{path}: file not found") from None
+    except JSONLimitError as err:
+        raise ConvertError(f"{path}: refused JSON: {err}") from None
     except json.JSONDecodeError as err:
         raise ConvertError(
             f"{path}: invalid JSON: {err.msg} at line {err.lineno} column {err.colno}"
@@ -77,9 +80,11 @@ def load_jsonl(path: Path) -> list[tuple[int, Any]]:
     for no, line in enumerate(lines, start=1):
         if line.strip():
             try:
-                rows.append((no, json.loads(line)))
+                rows.append((no, loads_bounded(line)))
             except json.JSONDecodeError as err:
                 raise ConvertError(f"{path}:{no}: invalid JSON: {err.msg}") from None
+            except JSONLimitError as err:
+                raise ConvertError(f"{path}:{no}: refused JSON: {err}") from None
     return rows
 
 

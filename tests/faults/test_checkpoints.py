@@ -1,0 +1,270 @@
+"""Damaged, tampered and half-written checkpoints: refused with one line naming the file, never executed;
+``checkpoint.resume=auto`` falls back to the newest intact checkpoint and still ends bitwise-equal to an
+uninterrupted run; no crash moment loses the newest checkpoint."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from fault_runs import error_lines, run_cli
+
+from vlm_grpoma.errors import CheckpointError
+from vlm_grpoma.trainer import checkpoint as ckpt
+from vlm_grpoma.trainer.checkpoint import list_checkpoints
+from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
+
+MODEL_STATES = "deepspeed/state/mp_rank_00_model_states.pt"
+
+
+def parameters(trainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.engine.module.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, make_config_module):
+    """The reference: 4 uninterrupted steps."""
+    trainer = GRPOMATrainer(make_config_module(tmp_path_factory.mktemp("straight"), "train.steps=4"))
+    trainer.train()
+    return parameters(trainer)
+
+
+@pytest.fixture(scope="module")
+def make_config_module(tiny_path, shapes_path):
+    from fault_runs import BASE
+
+    from vlm_grpoma.config import load_config
+
+    def make(out_dir, *extra):
+        return load_config(
+            None,
+            [
+                f"model.name_or_path={tiny_path}",
+                f"data.train_path={shapes_path}",
+                f"logging.output_dir={out_dir}",
+                *BASE,
+                *extra,
+            ],
+        )
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def two_saved(tmp_path_factory, make_config_module) -> Path:
+    """A run folder with intact checkpoints of steps 1 and 2 (copy it before damaging it)."""
+    out = tmp_path_factory.mktemp("two") / "run"
+    GRPOMATrainer(
+        make_config_module(out, "train.steps=2", "checkpoint.save_every=1", "checkpoint.keep_last=3")
+    ).train()
+    assert [p.name for p in list_checkpoints(out)] == ["step-00000001", "step-00000002"]
+    return out
+
+
+@pytest.fixture
+def run_copy(two_saved, tmp_path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(two_saved, copy)
+    return copy
+
+
+def _rewrite_manifest(folder: Path, name: str) -> None:
+    """What a careful attacker does: make the manifest agree with the planted file."""
+    meta = json.loads((folder / "checkpoint.json").read_text())
+    data = (folder / name).read_bytes()
+    meta["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / "checkpoint.json").write_text(json.dumps(meta))
+
+
+class _Payload:
+    """Unpickling this runs a shell command that creates ``marker`` (any command would run the same way)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch '{self.marker}'",))
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+#: Seven kinds of damage to step 2: (what, how, the file the error must name).
+DAMAGE = {
+    "truncated DeepSpeed state": (
+        lambda d: (d / MODEL_STATES).write_bytes((d / MODEL_STATES).read_bytes()[:999]),
+        MODEL_STATES,
+    ),
+    "deleted model.safetensors": (
+        lambda d: (d / "model/model.safetensors").unlink(),
+        "model/model.safetensors",
+    ),
+    "flipped byte in model.safetensors": (
+        lambda d: _flip_byte(d / "model/model.safetensors"),
+        "model/model.safetensors",
+    ),
+    "deleted rank RNG file": (lambda d: (d / "rng/rank-00000.pt").unlink(), "rng/rank-00000.pt"),
+    "garbage trainer_state.pt": (lambda d: _flip_byte(d / "trainer_state.pt"), "trainer_state.pt"),
+    "checkpoint.json not JSON": (
+        lambda d: (d / "checkpoint.json").write_text("{not json"),
+        "checkpoint.json",
+    ),
+    "checkpoint.json without world_size": (
+        lambda d: (d / "checkpoint.json").write_text(
+            json.dumps(
+                {
+                    k: v
+                    for k, v in json.loads((d / "checkpoint.json").read_text()).items()
+                    if k != "world_size"
+                }
+            )
+        ),
+        "checkpoint.json",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_damaged_checkpoint_is_refused_with_one_line_naming_the_file(
+    kind, run_copy, make_config_module, monkeypatch
+):
+    damage, named = DAMAGE[kind]
+    step2 = run_copy / "checkpoints" / "step-00000002"
+    damage(step2)
+    monkeypatch.setattr(
+        "vlm_grpoma.trainer.base.build_engine",
+        lambda *a, **k: pytest.fail("the model loaded before the check"),
+    )
+    with pytest.raises(CheckpointError) as caught:
+        GRPOMATrainer(make_config_module(run_copy, "train.steps=4", f"checkpoint.resume={step2}"))
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("checkpoint.resume: ")
+    assert str(step2 / named) in message, message
+
+
+def test_auto_falls_back_to_the_newest_intact_checkpoint_and_ends_bitwise_equal(
+    run_copy, make_config_module, straight, caplog
+):
+    (run_copy / "checkpoints" / "step-00000002" / "model" / "model.safetensors").unlink()
+    trainer = GRPOMATrainer(make_config_module(run_copy, "train.steps=4", "checkpoint.resume=auto"))
+    assert trainer.step == 1
+    assert "skipped step-00000002, damaged: " in caplog.text and "resuming from step-00000001" in caplog.text
+    assert (run_copy / "checkpoints" / "damaged-step-00000002").is_dir()  # kept for inspection, never resumed
+    trainer.train()
+    got = parameters(trainer)
+    assert all(torch.equal(got[name], value) for name, value in straight.items())
+    rows = [json.loads(line)["step"] for line in (run_copy / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [1, 2, 3, 4]  # step 2 was redone: its old row is gone
+
+
+def test_auto_with_every_checkpoint_damaged_is_an_error_not_a_restart(run_copy, make_config_module):
+    for step in ("step-00000001", "step-00000002"):
+        _flip_byte(run_copy / "checkpoints" / step / MODEL_STATES)
+    with pytest.raises(CheckpointError, match=r"^checkpoint\.resume=auto: every checkpoint in .* is damaged"):
+        GRPOMATrainer(make_config_module(run_copy, "train.steps=4", "checkpoint.resume=auto"))
+
+
+@pytest.mark.parametrize("planted", [MODEL_STATES, "trainer_state.pt", "rng/rank-00000.pt"])
+def test_a_planted_payload_is_refused_and_never_runs(planted, run_copy, make_config_module, tmp_path):
+    step2 = run_copy / "checkpoints" / "step-00000002"
+    marker = tmp_path / "MARKER"
+    state = torch.load(step2 / planted, weights_only=False)  # the test trusts the file it wrote
+    state["extra"] = _Payload(marker)
+    torch.save(state, step2 / planted)
+    _rewrite_manifest(step2, planted)
+    pickle.loads(pickle.dumps(_Payload(marker)))
+    assert marker.exists()  # the payload works when unpickled with arbitrary globals
+    marker.unlink()
+    with pytest.raises(CheckpointError, match=r"refused to load: it holds posix\.system"):
+        trainer = GRPOMATrainer(make_config_module(run_copy, "train.steps=4", f"checkpoint.resume={step2}"))
+        trainer.train()
+    assert not marker.exists()
+
+
+def test_planted_payload_through_the_cli_is_one_line_and_exit_1(run_copy, overrides, tmp_path):
+    step2 = run_copy / "checkpoints" / "step-00000002"
+    marker = tmp_path / "MARKER"
+    state = torch.load(step2 / MODEL_STATES, weights_only=False)
+    state["extra"] = _Payload(marker)
+    torch.save(state, step2 / MODEL_STATES)
+    _rewrite_manifest(step2, MODEL_STATES)
+    config = tmp_path / "c.yaml"
+    config.write_text("{}\n")
+    result = run_cli(
+        "train", "--config", str(config), *overrides(run_copy, "train.steps=4", f"checkpoint.resume={step2}")
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    (line,) = error_lines(result.stderr)
+    assert line.startswith(
+        f"vlm-grpoma train: error: {step2 / MODEL_STATES}: refused to load: it holds posix.system"
+    )
+    assert not marker.exists()
+
+
+def test_a_crash_between_the_renames_of_a_re_save_keeps_the_step(run_copy, make_config_module, monkeypatch):
+    """Re-saving step 2 (resumed from step 1 in the same folder) dies after the old copy was moved aside and
+    before the new one is renamed into place: step 2 must still be found, and the next save tidies up."""
+    real_rename = Path.rename
+
+    def crash_on_the_second_rename(self, target):
+        if self.name == ".tmp-step-00000002":
+            raise OSError("simulated crash between the renames")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", crash_on_the_second_rename)
+    step1 = run_copy / "checkpoints" / "step-00000001"
+    trainer = GRPOMATrainer(
+        make_config_module(run_copy, "train.steps=2", "checkpoint.keep_last=3", f"checkpoint.resume={step1}")
+    )
+    with pytest.raises(OSError, match="simulated crash"):
+        trainer.train()
+    monkeypatch.undo()
+    root = run_copy / "checkpoints"
+    assert not (root / "step-00000002").exists() and (root / ".old-step-00000002").is_dir()
+    assert [p.name for p in list_checkpoints(run_copy)] == ["step-00000001", ".old-step-00000002"]
+    resumed = GRPOMATrainer(
+        make_config_module(run_copy, "train.steps=3", "checkpoint.keep_last=3", "checkpoint.resume=auto")
+    )
+    assert resumed.step == 2
+    resumed.train()
+    assert [p.name for p in list_checkpoints(run_copy)] == ["step-00000001", "step-00000002", "step-00000003"]
+    assert not list(root.glob(".old-*")) and not list(root.glob(".tmp-*"))
+
+
+def test_every_file_is_synced_before_the_checkpoint_is_renamed_into_place(
+    make_config_module, tmp_path, monkeypatch
+):
+    events: list[tuple[str, str]] = []
+    real_fsync, real_rename = os.fsync, Path.rename
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def rename(self, target):
+        events.append(("rename", f"{self} -> {target}"))
+        return real_rename(self, target)
+
+    monkeypatch.setattr(ckpt.os, "fsync", fsync)
+    monkeypatch.setattr(Path, "rename", rename)
+    trainer = GRPOMATrainer(make_config_module(tmp_path / "run", "train.steps=1"))
+    trainer.train()
+    monkeypatch.undo()
+    final = tmp_path / "run" / "checkpoints" / "step-00000001"
+    into_place = next(
+        i for i, (kind, what) in enumerate(events) if kind == "rename" and what.endswith(str(final))
+    )
+    synced = {what for kind, what in events[:into_place] if kind == "fsync"}
+    tmp = final.with_name(".tmp-step-00000001")
+    written = {str(tmp / name) for name in json.loads((final / "checkpoint.json").read_text())["files"]}
+    assert written <= synced, sorted(written - synced)

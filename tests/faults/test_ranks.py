@@ -1,0 +1,47 @@
+"""A hung rank ends the job after ``train.dist_timeout_s`` with one line naming the collective that waited,
+instead of hanging for DeepSpeed's default 30 minutes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fault_runs import error_lines, launch
+
+
+@pytest.mark.slow
+@pytest.mark.launcher
+def test_a_hung_rank_ends_the_job_naming_the_collective(overrides, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("{}\n")
+    args = overrides(
+        tmp_path / "run", "train.steps=2", "train.dist_timeout_s=5", "rewards.weights={fault_sleepy: 1.0}"
+    )
+    start = time.perf_counter()
+    run = launch(config, *args, env={"SLEEP_RANK": "1", "SLEEP_S": "120"}, timeout=240)
+    wall = time.perf_counter() - start
+    assert run.returncode != 0
+    lines = error_lines(run.stderr)
+    assert lines == [
+        "vlm-grpoma train: error: step 1: rank 0: no answer from the other ranks within train.dist_timeout_s=5 s "
+        "in the gradient all-reduce of the optimizer step: a rank hung or died; its own output says why"
+    ], run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    assert wall < 100, wall  # start-up + 5 s, not the sleeping rank's 120 s
+
+
+def test_only_backend_peer_failures_become_distributed_errors():
+    from vlm_grpoma.distributed import init_distributed
+    from vlm_grpoma.errors import DistributedError
+    from vlm_grpoma.trainer.collectives import collective
+
+    init_distributed("gloo")
+    gloo = RuntimeError(
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv"
+    )
+    with pytest.raises(DistributedError, match=r"^rank 0: no answer from the other ranks within .* in the x"):
+        with collective("the x", 5):
+            raise gloo
+    with pytest.raises(RuntimeError, match="simulator worker timed out"):  # a reward's own timeout passes
+        with collective("the x", 5):
+            raise RuntimeError("simulator worker timed out")

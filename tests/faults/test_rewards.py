@@ -1,0 +1,86 @@
+"""A non-finite reward: no signal for that answer (advantage 0, left out of its group's statistics), counted
+over all ranks and warned once per step; the step itself still trains."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from fault_runs import launch
+
+from vlm_grpoma.algorithm.advantages import grpo_ma_advantages
+from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
+
+
+def trl_nan_aware_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """TRL 1.16 GRPOTrainer (``_generate_and_score_completions``, ``sum_then_normalize``, ``scale_rewards="group"``)
+    for completions whose reward is NaN: ``nanmean`` / ``nanstd`` per group (``trl/trainer/utils.py:nanstd``,
+    Bessel-corrected), then ``nan_to_num(advantages, nan=0.0)``; re-implemented here from that source."""
+    grouped = rewards.view(-1, num_generations)
+    mean = torch.nanmean(grouped, dim=1, keepdim=True)
+    count = (~torch.isnan(grouped)).sum(dim=1, keepdim=True)
+    variance = torch.nanmean((grouped - mean) ** 2, dim=1, keepdim=True) * count / (count - 1)
+    std = torch.where(count > 1, variance.sqrt(), torch.full_like(variance, math.nan))
+    return torch.nan_to_num((grouped - mean) / (std + 1e-4), nan=0.0).flatten()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_m1_with_nan_rewards_equals_trl(seed):
+    gen = torch.Generator().manual_seed(seed)
+    rewards = torch.rand(5, 6, 1, generator=gen)
+    rewards[torch.rand(5, 6, 1, generator=gen) < 0.3] = math.nan
+    rewards[0, :5] = math.nan  # a group with a single finite reward: no signal at all
+    thought_adv, answer_adv = grpo_ma_advantages(rewards)
+    expected = trl_nan_aware_advantages(rewards.flatten(), 6).view(5, 6)
+    torch.testing.assert_close(thought_adv, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(answer_adv[..., 0], expected, rtol=0, atol=1e-6)
+    assert torch.equal(thought_adv[0], torch.zeros(6))
+
+
+def test_thought_value_is_the_mean_of_its_finite_answers_and_an_unscored_thought_gets_zero():
+    nan, inf = math.nan, math.inf
+    rewards = torch.tensor([[[1.0, nan, 0.0], [0.0, 0.0, 0.0], [nan, inf, nan], [1.0, 1.0, -inf]]])
+    thought_adv, answer_adv = grpo_ma_advantages(rewards)
+    values = torch.tensor([0.5, 0.0, 1.0])  # thoughts 0, 1, 3; thought 2 has no finite answer
+    expected = (values - values.mean()) / (values.std() + 1e-4)
+    torch.testing.assert_close(thought_adv[0], torch.tensor([expected[0], expected[1], 0.0, expected[2]]))
+    finite = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    scaled = (finite - finite.mean()) / (finite.std() + 1e-4)
+    flat = answer_adv.flatten()
+    assert torch.equal(flat[[1, 6, 7, 8, 11]], torch.zeros(5))  # every non-finite reward: advantage 0
+    torch.testing.assert_close(flat[[0, 2, 3, 4, 5, 9, 10]], scaled)
+
+
+def test_a_nan_reward_is_counted_warned_once_and_the_step_trains(make_config, tmp_path, caplog):
+    trainer = GRPOMATrainer(
+        make_config(tmp_path / "run", "train.steps=2", "rewards.weights={fault_nan: 1.0}")
+    )
+    before = {n: p.detach().clone() for n, p in trainer.engine.module.named_parameters()}
+    history = trainer.train()
+    # one NaN per scoring call (this rank's 2 prompts x 2 x 2 answers), each step
+    assert [m["reward/non_finite"] for m in history] == [1.0, 1.0]
+    assert all(m["train/skipped_steps"] == 0 and math.isfinite(m["loss/total"]) for m in history)
+    after = dict(trainer.engine.module.named_parameters())
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+    warnings = [r.getMessage() for r in caplog.records if "non-finite reward" in r.getMessage()]
+    assert warnings == [
+        f"step {step}: 1 answer(s) got a non-finite reward; they were left out of their groups' statistics "
+        "with advantage 0 (reward/non_finite)"
+        for step in (1, 2)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.launcher
+def test_non_finite_rewards_are_summed_over_two_ranks(overrides, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("{}\n")
+    out = tmp_path / "run"
+    args = overrides(out, "train.steps=1", "rewards.weights={fault_nan: 1.0}", "train.prompts_per_step=2")
+    run = launch(config, *args)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["reward/non_finite"] == 2.0 and row["train/skipped_steps"] == 0
+    assert (out / "config.yaml").is_file()
