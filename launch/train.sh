@@ -2,8 +2,8 @@
 # Train under the DeepSpeed launcher: one process per GPU (or per CPU rank) on this node, or across nodes.
 #
 #   launch/train.sh CONFIG.yaml [key=value ...]        # every GPU of this machine
-#   NUM_GPUS=1 launch/train.sh vlm_grpoma/configs/demo.yaml     # one GPU
-#   CPU_RANKS=2 launch/train.sh vlm_grpoma/configs/demo.yaml    # no GPU: 2 CPU ranks (gloo, fp32)
+#   NUM_GPUS=1 launch/train.sh vlm_grpoma/configs/demo_manipulation.yaml     # one GPU
+#   CPU_RANKS=2 launch/train.sh vlm_grpoma/configs/demo_manipulation.yaml    # no GPU: 2 CPU ranks (gloo, fp32)
 #   HOSTFILE=launch/hostfile launch/train.sh CFG       # several nodes over passwordless ssh (pdsh)
 #   HOSTFILE=... NODE_RANK=i MASTER_ADDR=host0 launch/train.sh CFG   # one call per node, no ssh (launch/slurm.sbatch)
 #
