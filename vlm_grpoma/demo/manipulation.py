@@ -184,7 +184,7 @@ def render_data(data_dir: Path, plan: ManipulationPlan, seed: int) -> None:
                     if process.returncode:
                         tail = log.read_text(errors="replace").strip().splitlines()[-1:]
                         raise CommandError(
-                            f"demo: make-data --split {split} failed (exit {process.returncode}): "
+                            f"make-data --split {split} failed (exit {process.returncode}): "
                             f"{tail[0] if tail else 'no output'} (log: {log})"
                         )
                 bar.n = sum(_count_lines(_records_path(data_dir, split)) for split, _, _ in jobs)
