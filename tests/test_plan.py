@@ -253,7 +253,8 @@ def test_contradictions_with_the_architecture_are_reported_one_line_each(capsys)
 
 def test_plan_of_a_local_tiny_model_on_cpu(tiny_model_dir):
     config = load_config(
-        REPO / "vlm_grpoma" / "configs" / "demo.yaml", [f"model.name_or_path={tiny_model_dir('qwen3_vl')}"]
+        REPO / "vlm_grpoma" / "configs" / "demo_detection.yaml",
+        [f"model.name_or_path={tiny_model_dir('qwen3_vl')}"],
     )
     report = make_plan(config, Hardware(1, 1, 4, device="cpu"))
     assert report.memory.precision == "fp32" and report.memory.reserve == 0 and report.memory.fits

@@ -39,7 +39,15 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="runs/demo", help="output folder for the demo run")
+    p.add_argument(
+        "--task",
+        choices=("manipulation", "detection"),
+        default="manipulation",
+        help="manipulation: SAPIEN contact actions, success on seen/unseen objects (shows GRPO-MA working); "
+        "detection: synthetic shapes boxes (shows the pipeline)",
+    )
+    p.add_argument("--out", default=None, help="output folder (default runs/demo/<task>); caches data there")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model, data and training")
     p.add_argument("--quick", action="store_true", help="a smoke-test sized demo (seconds, learns nothing)")
 
 

@@ -86,7 +86,11 @@ def built(tmp_path_factory) -> dict[str, Path]:
 
 def test_sdist_holds_the_source_tree_and_the_wheel_every_package_file(built):
     package = {name for name in built["tree"] if name.startswith("vlm_grpoma/")}
-    assert {"vlm_grpoma/configs/deepspeed/zero2.json", "vlm_grpoma/configs/demo.yaml"} <= package
+    assert {
+        "vlm_grpoma/configs/deepspeed/zero2.json",
+        "vlm_grpoma/configs/demo_detection.yaml",
+        "vlm_grpoma/configs/demo_manipulation.yaml",
+    } <= package
     assert {"vlm_grpoma/launch/train.sh", "vlm_grpoma/envs/sapien/fetch_mesa.sh"} <= package
 
     with tarfile.open(built["sdist"]) as tar:
@@ -182,7 +186,9 @@ def test_installed_wheel_works_outside_the_checkout(venv, tmp_path):
         "--difficulty",
         "easy",
     )
-    demo = installed / "configs" / "demo.yaml"  # the shipped config, read from the installed package
+    demo = (
+        installed / "configs" / "demo_detection.yaml"
+    )  # the shipped config, read from the installed package
     trained = vlm(
         "train", "--config", demo, "model.name_or_path=tiny", "data.train_path=data/records.jsonl",
         "logging.output_dir=run", "logging.progress_bar=false", "deepspeed.zero_stage=2", "train.steps=2",

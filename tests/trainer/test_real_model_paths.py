@@ -200,7 +200,7 @@ def test_the_same_seed_gives_the_same_step_in_two_processes(tiny_model_dir, tmp_
             script,
             "train",
             "--config",
-            str(REPO / "vlm_grpoma" / "configs" / "demo.yaml"),
+            str(REPO / "vlm_grpoma" / "configs" / "demo_detection.yaml"),
             f"model.name_or_path={path}",
             f"data.train_path={data}",
             f"logging.output_dir={out}",
