@@ -134,10 +134,7 @@ def test_own_data_to_lora_checkpoint_evaluated_with_its_saved_config(
     for s in samples:  # each logged reward is the weighted sum of its logged components
         parts = s["rewards/iou"] + 0.2 * s["rewards/format"] + 0.5 * s[f"rewards/{custom}"]
         assert s["reward"] == pytest.approx(parts) and s[f"rewards/{custom}"] in (0.0, 2.0)
-    if not (run / "config.yaml").is_file():  # the trainer saves its resolved config (merged separately)
-        from vlm_grpoma.config import load_config
-
-        (run / "config.yaml").write_text(yaml.safe_dump(load_config("run.yaml", grpo_args[3:]).to_dict()))
+    assert (run / "config.yaml").is_file(), "the trainer saves its resolved config"
 
     # 4. eval of the LoRA checkpoint, given only the run folder: the saved config supplies the rest
     capsys.readouterr()
