@@ -13,8 +13,8 @@ from vlm_grpoma.answers import ContactAction
 from vlm_grpoma.datasets.images import load_image
 from vlm_grpoma.demo.heldout import Episode, SetResult
 from vlm_grpoma.envs.sapien.task import EpisodeSpec
-from vlm_grpoma.eval.proportions import PairedChange, paired_change, wilson
 from vlm_grpoma.eval.manipulation_report import Tile, contact_grid
+from vlm_grpoma.eval.proportions import PairedChange, paired_change, wilson
 
 
 @dataclass(frozen=True)
