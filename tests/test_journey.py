@@ -156,4 +156,4 @@ def test_own_data_to_lora_checkpoint_evaluated_with_its_saved_config(
     out = capsys.readouterr().out
     assert "(the run's saved config)" in out and "LoRA adapter on" in out
     result = json.loads(result_path.read_text())
-    assert result["aggregate"]["episodes"] == 2 and result["policy"] == "model"
+    assert result["aggregates"]["seen"]["episodes"] == 2 and result["policy"] == "model"

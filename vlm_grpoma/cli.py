@@ -164,7 +164,9 @@ def _make_data_args(p: argparse.ArgumentParser) -> None:
 def _make_assets_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder (one <id>/ folder per object)")
     p.add_argument("--per-category", type=int, default=5, help="objects per procedural category")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="the seed of the procedural objects (same seed, same assets)"
+    )
     p.add_argument("--categories", nargs="+", default=None, help="procedural categories (default: all)")
 
 

@@ -106,7 +106,7 @@ def test_a_non_number_or_a_crash_names_the_reward_and_record(reward_file, make_r
 
 def test_grpo_trainer_refuses_a_bad_reward_file_before_loading_the_model(reward_file, tmp_path):
     from vlm_grpoma.config import load_config
-    from vlm_grpoma.errors import CommandError
+    from vlm_grpoma.errors import UserError
     from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
 
     config = load_config(
@@ -117,5 +117,5 @@ def test_grpo_trainer_refuses_a_bad_reward_file_before_loading_the_model(reward_
             "rewards.weights={my_rewards.py:nope: 1.0}",
         ],
     )
-    with pytest.raises(CommandError, match=r"^rewards\.weights\.my_rewards\.py:nope: "):
+    with pytest.raises(UserError, match=r"^rewards\.weights\.my_rewards\.py:nope: "):
         GRPOMATrainer(config)
