@@ -11,7 +11,7 @@ from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.envs.sapien.task import sample_split_episode
 from vlm_grpoma.rewards.base import Completion
 from vlm_grpoma.rewards.manipulation import COMPONENTS, ManipulationReward
-from vlm_grpoma.rewards.registry import build_reward, registered_rewards
+from vlm_grpoma.rewards.registry import build_reward, build_rewards, registered_rewards
 
 
 def _record(i: int) -> tuple[Record, ContactAction]:
@@ -92,3 +92,13 @@ def test_records_execute_under_their_own_protocol(reward, tmp_path):
     assert result.components["joint_progress"][0] == direct.progress
     simple = execute(replace(spec, protocol="simple"), demo)
     assert simple.progress != direct.progress
+
+
+def test_frozen_worker_deadline_is_an_option():
+    assert ManipulationReward(timeout_s=5).job_deadline_s == 65  # the episode limit plus the slack
+    assert build_reward("manipulation", job_deadline_s=2.5).job_deadline_s == 2.5
+    with pytest.raises(ValueError, match="rewards.options.manipulation: job_deadline_s must be"):
+        build_rewards({"manipulation": 1.0}, {"manipulation": {"job_deadline_s": 0}})
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="job_deadline_s must be a positive number of seconds"):
+            ManipulationReward(job_deadline_s=bad)

@@ -136,6 +136,13 @@ def _manip_eval_args(p: argparse.ArgumentParser) -> None:
     _eval_config_args(p)
     p.add_argument("--seed", type=int, default=0, help="episode sampling seed (same seed, same episodes)")
     p.add_argument("--workers", type=int, default=0, help="simulator processes (0 = one per core)")
+    p.add_argument(
+        "--job-timeout",
+        type=float,
+        help="seconds one simulator job (sampling or executing an episode) may take before its worker is "
+        "killed as frozen and replaced (default: the episode time limit + 60 s); a sampling job then runs "
+        "again, an executed episode fails with reason timeout",
+    )
 
 
 def _make_data_args(p: argparse.ArgumentParser) -> None:

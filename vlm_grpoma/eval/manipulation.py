@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections import Counter, defaultdict
 from dataclasses import replace
@@ -33,10 +34,10 @@ import numpy as np
 from vlm_grpoma.answers import ContactAction, ParseError
 from vlm_grpoma.config import Config
 from vlm_grpoma.envs.sapien.partnet import scan_assets
-from vlm_grpoma.envs.sapien.pool import SimPool
+from vlm_grpoma.envs.sapien.pool import HARD_DEADLINE_SLACK_S, SimPool, WorkerCrash
 from vlm_grpoma.envs.sapien.protocol import PROTOCOLS
 from vlm_grpoma.envs.sapien.splits import load_split, round_robin
-from vlm_grpoma.envs.sapien.task import EpisodeSpec, Outcome, render_episode
+from vlm_grpoma.envs.sapien.task import DEFAULT_EXEC, EpisodeSpec, Outcome, render_episode
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
 from vlm_grpoma.errors import CommandError
 from vlm_grpoma.eval.loading import eval_config, model_folder
@@ -46,6 +47,10 @@ GRID_TILES = 12
 EVAL_SPLITS = ("seen", "unseen")
 #: failures that mean the answer's contact never reached a movable part (ManipLLM drops such answers)
 OFF_PART = ("invalid_action", "off_image", "off_object", "non_movable")
+#: times a sampling job runs again after its worker died or froze (sampling is deterministic, so it is safe)
+SAMPLE_RETRIES = 2
+#: seconds one simulator job may run before its worker is killed as frozen (``--job-timeout``)
+DEFAULT_JOB_TIMEOUT_S = DEFAULT_EXEC.timeout_s + HARD_DEADLINE_SLACK_S
 
 
 def random_action(spec: EpisodeSpec, seed: int, index: int) -> ContactAction:
@@ -59,12 +64,17 @@ def random_action(spec: EpisodeSpec, seed: int, index: int) -> ContactAction:
 def sample_split(
     pool: SimPool, split: str, episodes: int, seed: int, assets=None, split_def=None, protocol: str = "simple"
 ) -> tuple[list[tuple[EpisodeSpec, ContactAction]], int]:
-    """Episodes of a split and how many were dropped (asset objects with no successful demonstration)."""
+    """Episodes of a split and how many were dropped (asset objects with no successful demonstration).
+
+    Sampling depends only on its arguments, so a job whose worker dies or freezes runs again on a fresh
+    worker (SAMPLE_RETRIES times) and the episodes are the same as in an undisturbed run."""
     if assets is None:
-        results = pool.map([("sample", (split, i, seed), {}) for i in range(episodes)])
+        results = pool.map(
+            [("sample", (split, i, seed), {}) for i in range(episodes)], retries=SAMPLE_RETRIES
+        )
         for i, r in enumerate(results):
             if not isinstance(r, tuple):
-                raise CommandError(f"could not sample episode {i} of split {split!r}: {r}")
+                raise CommandError(f"could not sample episode {i} of split {split!r}: {_failure(r)}")
         return results, 0
     chosen = round_robin(assets, split_def, split, episodes)
     if not chosen:
@@ -75,9 +85,19 @@ def sample_split(
     jobs = [
         ("sample_asset", (str(a.folder), seed * 1_000_003 + i, protocol), {}) for i, a in enumerate(chosen)
     ]
-    results = pool.map(jobs)
+    results = pool.map(jobs, retries=SAMPLE_RETRIES)
+    for asset, r in zip(chosen, results):
+        if isinstance(r, WorkerCrash):
+            raise CommandError(f"could not sample an episode on {asset.folder} ({split}): {_failure(r)}")
     kept = [r for r in results if isinstance(r, tuple)]
     return kept, len(results) - len(kept)
+
+
+def _failure(result) -> str:
+    if isinstance(result, WorkerCrash):
+        what = "froze" if result.reason == "timeout" else "died"
+        return f"the simulator worker {what} on each of {result.attempts} attempts ({result.detail})"
+    return str(result)
 
 
 def summarise(
@@ -193,9 +213,11 @@ def evaluate(
     assets: str | Path | None = None,
     split_file: str | Path | None = None,
     protocol: str | None = None,
+    job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
 ) -> tuple[dict, list]:
     """Sample ``episodes`` per split, act, execute; returns the result dict and the (spec, action, outcome)
-    triples. An answer the model got wrong in form is a failed episode with reason ``parse:<reason>``."""
+    triples. An answer the model got wrong in form is a failed episode with reason ``parse:<reason>``; a
+    worker that freezes for ``job_timeout_s`` is killed and replaced."""
     protocol = protocol or ("manipllm" if assets else "simple")
     if protocol not in PROTOCOLS:
         raise CommandError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
@@ -209,7 +231,7 @@ def evaluate(
     objects = scan_assets(assets) if assets is not None else None
     split_def = load_split(split_file) if assets is not None else None
     sampled, split_names, dropped = [], [], {}
-    with SimPool(workers) as pool:
+    with SimPool(workers, job_deadline_s=job_timeout_s) as pool:
         for split in splits:
             kept, dropped[split] = sample_split(pool, split, episodes, seed, objects, split_def, protocol)
             sampled += kept
@@ -262,6 +284,9 @@ def main(args: argparse.Namespace) -> int:
         raise CommandError(f"--episodes must be positive, got {args.episodes}")
     if args.workers < 0:
         raise CommandError(f"--workers must be >= 0, got {args.workers}")
+    job_timeout = DEFAULT_JOB_TIMEOUT_S if args.job_timeout is None else args.job_timeout
+    if not (math.isfinite(job_timeout) and job_timeout > 0):
+        raise CommandError(f"--job-timeout must be a positive number of seconds, got {args.job_timeout}")
     start = time.perf_counter()
     out = Path(args.out)
     splits = EVAL_SPLITS if args.split == "all" else (args.split,)
@@ -277,6 +302,7 @@ def main(args: argparse.Namespace) -> int:
         assets=args.assets,
         split_file=args.split_file,
         protocol=args.protocol,
+        job_timeout_s=job_timeout,
     )
     result["seconds"] = round(time.perf_counter() - start, 2)
     out.parent.mkdir(parents=True, exist_ok=True)

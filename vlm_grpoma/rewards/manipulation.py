@@ -12,6 +12,7 @@ physics blow-up stopped it). A malformed answer scores 0 and is counted in
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections import Counter
 from collections.abc import Sequence
@@ -25,17 +26,28 @@ COMPONENTS = ("success", "joint_progress", "direction", "executed")
 
 
 class ManipulationReward:
-    """``ManipulationReward(workers=0, timeout_s=10.0, max_steps=400)``; workers 0 = this rank's share of cores."""
+    """``ManipulationReward(workers=0, timeout_s=10.0, max_steps=400, job_deadline_s=None)``; workers 0 = this
+    rank's share of cores; a worker still busy after ``job_deadline_s`` (default timeout_s + 60) is killed as
+    frozen and its answer fails with reason ``timeout``."""
 
-    def __init__(self, workers: int = 0, timeout_s: float = 10.0, max_steps: int = 400):
+    def __init__(
+        self,
+        workers: int = 0,
+        timeout_s: float = 10.0,
+        max_steps: int = 400,
+        job_deadline_s: float | None = None,
+    ):
         self.workers = workers
         self.config = ExecConfig(timeout_s=timeout_s, max_steps=max_steps)
+        self.job_deadline_s = timeout_s + HARD_DEADLINE_SLACK_S if job_deadline_s is None else job_deadline_s
+        if not (math.isfinite(self.job_deadline_s) and self.job_deadline_s > 0):
+            raise ValueError(f"job_deadline_s must be a positive number of seconds, got {job_deadline_s}")
         self._pool: SimPool | None = None
 
     @property
     def pool(self) -> SimPool:
         if self._pool is None:
-            self._pool = SimPool(self.workers, job_deadline_s=self.config.timeout_s + HARD_DEADLINE_SLACK_S)
+            self._pool = SimPool(self.workers, job_deadline_s=self.job_deadline_s)
             weakref.finalize(self, self._pool.close)
         return self._pool
 

@@ -1,9 +1,11 @@
 """A process pool of SAPIEN workers with crash isolation.
 
 Each worker holds one pipe and runs one job at a time, so when a worker dies (segfault, OOM kill) the pool
-knows exactly which job it was running: that job is reported as a ``WorkerCrash`` (an episode as failed with
-``worker_crash``), the worker is replaced, and the other jobs carry on. A worker that exceeds the hard
-per-job deadline is killed the same way. Every episode builds a fresh scene, which takes a few milliseconds
+knows exactly which job it was running: the worker is replaced, the other jobs carry on, and the job is either
+run again on a fresh worker (``map(..., retries=N)``, for jobs that depend only on their arguments, such as
+sampling an episode) or reported as a ``WorkerCrash`` (an executed episode fails with ``worker_crash``: the
+action may be what crashed the simulator). A worker that exceeds the hard per-job deadline is killed the
+same way. Every episode builds a fresh scene, which takes a few milliseconds
 and makes a result independent of which worker ran it and what ran before: the same jobs give the same
 results for any number of workers, in any process.
 """
@@ -15,7 +17,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 
 from vlm_grpoma.answers import ContactAction
@@ -38,6 +40,7 @@ class WorkerCrash:
 
     reason: str  # "worker_crash" or "timeout"
     detail: str = ""
+    attempts: int = 1
 
 
 def _execute_job(spec: EpisodeSpec, action: ContactAction, config: ExecConfig) -> Outcome:
@@ -94,6 +97,7 @@ class SimPool:
         self._ctx = mp.get_context(start_method)
         self._workers = [self._spawn() for _ in range(self.size)]
         self.crashes = 0
+        self.retried = 0
 
     def _spawn(self) -> _Worker:
         parent, child = self._ctx.Pipe()
@@ -113,9 +117,11 @@ class SimPool:
         self._workers[self._workers.index(worker)] = self._spawn()
         self.crashes += 1
 
-    def map(self, jobs: Sequence[tuple[str, tuple, dict]]) -> list:
-        """Run jobs; a job that raised returns ``RuntimeError``, one whose worker died a ``WorkerCrash``."""
+    def map(self, jobs: Sequence[tuple[str, tuple, dict]], *, retries: int = 0) -> list:
+        """Run jobs; a job that raised returns ``RuntimeError``. A job whose worker died or froze runs again on
+        a fresh worker up to ``retries`` times, then returns a ``WorkerCrash`` saying how often it was tried."""
         results: list = [None] * len(jobs)
+        crashes: list[int] = [0] * len(jobs)
         pending = deque(range(len(jobs)))
         running = 0
         while pending or running:
@@ -134,24 +140,31 @@ class SimPool:
             ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=1.0)
             for worker in busy:
                 index = worker.job
+                crash = None
                 if worker.conn in ready:
                     try:
                         status, value = worker.conn.recv()
                     except (EOFError, OSError):
-                        results[index] = WorkerCrash("worker_crash", f"worker {worker.process.pid} died")
-                        self._replace(worker)
+                        crash = WorkerCrash("worker_crash", f"worker {worker.process.pid} died")
                     else:
                         results[index] = value if status == "ok" else RuntimeError(value)
                         worker.job = None
                 elif worker.process.sentinel in ready:
-                    results[index] = WorkerCrash("worker_crash", f"worker {worker.process.pid} died")
-                    self._replace(worker)
+                    crash = WorkerCrash("worker_crash", f"worker {worker.process.pid} died")
                 elif time.monotonic() - worker.started > self.job_deadline_s:
-                    results[index] = WorkerCrash("timeout", f"killed after {self.job_deadline_s:.0f} s")
-                    self._replace(worker)
+                    crash = WorkerCrash("timeout", f"killed after {self.job_deadline_s:g} s")
                 else:
                     continue
                 running -= 1
+                if crash is None:
+                    continue
+                self._replace(worker)
+                crashes[index] += 1
+                if crashes[index] <= retries:
+                    pending.appendleft(index)
+                    self.retried += 1
+                else:
+                    results[index] = replace(crash, attempts=crashes[index])
         return results
 
     def execute(
