@@ -1,4 +1,5 @@
-"""The comparison's commands: tiny model and data, one SFT warm start per task, then every (task, arm, seed)."""
+"""The comparison's commands: tiny model and data, one SFT warm start per task, then every (task, arm, seed)
+(and, for relational tasks, whether the warm start's answers follow its thought)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ class Layout:
 
     def arm(self, task: TaskSetup, arm: Arm, seed: int) -> Path:
         return self.root / task.name / arm.name / f"seed{seed}"
+
+    def thought_check(self, task: TaskSetup) -> Path:
+        """``benchmarks/thought_matters.py``'s numbers for the warm start."""
+        return self.root / task.name / "thought-matters" / "result.json"
 
 
 def _data_job(layout: Layout, task: TaskSetup, split: str, n: int) -> Job:
@@ -105,12 +110,34 @@ def arm_job(layout: Layout, plan: ComparePlan, task: TaskSetup, arm: Arm, seed: 
         f"rollout.num_thoughts={arm.thoughts}",
         f"rollout.answers_per_thought={arm.answers}",
         f"train.steps={task.steps}",
+        *((f"train.time_budget_s={plan.time_budget_s:g}",) if plan.equal_time else ()),
         f"train.eval_every={plan.eval_every}",
         f"seed={seed}",
         f"logging.output_dir={layout.arm(task, arm, seed)}",
     )
     waits = (f"sft/{task.name}", *(f"data/{task.name}/{name}" for name in task.eval_records))
     return Job(f"train/{task.name}/{arm.name}/seed{seed}", args, layout.arm(task, arm, seed), after=waits)
+
+
+def thought_check_job(layout: Layout, task: TaskSetup) -> Job:
+    """The warm start's held-out IoU after the reference thought, a wrong one and its own."""
+    [held_out] = list(task.eval_records)[:1]
+    out = layout.thought_check(task)
+    args = (
+        str(layout.warm_start(task)),
+        str(layout.records(task, held_out)),
+        "--config",
+        str(task.config),
+        "--json",
+        str(out),
+    )
+    return Job(
+        f"thought-matters/{task.name}",
+        args,
+        out.parent,
+        after=(f"sft/{task.name}", f"data/{task.name}/{held_out}"),
+        script="benchmarks/thought_matters.py",
+    )
 
 
 def build_jobs(plan: ComparePlan, layout: Layout) -> list[Job]:
@@ -136,6 +163,7 @@ def build_jobs(plan: ComparePlan, layout: Layout) -> list[Job]:
         jobs.append(_data_job(layout, task, "train", task.train_records))
         jobs += [_data_job(layout, task, name, n) for name, n in task.eval_records.items()]
     jobs += [_sft_job(layout, plan, task) for task in plan.tasks]
+    jobs += [thought_check_job(layout, task) for task in plan.tasks if task.difficulty == "relational"]
     arms = [(task, arm, seed) for task in plan.tasks for arm in plan.arms for seed in plan.seeds]
     arms.sort(key=lambda item: (item[0].source != "sapien", -item[1].samples, item[2]))
     jobs += [arm_job(layout, plan, task, arm, seed) for task, arm, seed in arms]

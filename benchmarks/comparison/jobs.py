@@ -1,7 +1,8 @@
 """The comparison as a graph of ``vlm-grpoma`` commands, run a few at a time as separate processes.
 
 Each job is one CLI command (so every number in the report comes from commands a user can paste) with an
-output folder and the jobs it waits for. A finished job leaves ``.compare-done`` in that folder: its command,
+output folder and the jobs it waits for: a ``vlm-grpoma`` command, or a script of ``benchmarks/`` run with this
+Python. A finished job leaves ``.compare-done`` in that folder: its command,
 seconds, a run id, the run ids of the jobs it waited for and the package version. A rerun keeps a job only
 when all of those still hold (so rebuilding a warm start reruns every arm that started from it) and clears
 the folder of any job it runs (a run stopped half-way would otherwise append to its metrics).
@@ -56,16 +57,25 @@ class Timing:
 
 @dataclass(frozen=True)
 class Job:
-    """One ``vlm-grpoma`` command writing into ``out``; runs after every job named in ``after``."""
+    """One ``vlm-grpoma`` command (or, with ``script``, ``python SCRIPT``: a path relative to the repository)
+    writing into ``out``; runs after every job named in ``after``."""
 
     name: str
     args: tuple[str, ...]
     out: Path
     after: tuple[str, ...] = ()
+    script: str = ""
 
     def command(self) -> str:
         """The command line as a user would type it from the repository root."""
-        return "vlm-grpoma " + shlex.join(_relative(a) for a in self.args)
+        program = f"python {self.script}" if self.script else "vlm-grpoma"
+        return f"{program} " + shlex.join(_relative(a) for a in self.args)
+
+    def argv(self, executable: str) -> list[str]:
+        """The process to start: the ``vlm-grpoma`` console script ``executable``, or this Python on the script."""
+        if self.script:
+            return [sys.executable, str(REPO / self.script), *self.args]
+        return [executable, *self.args]
 
     def marker(self) -> dict | None:
         """The finished-job marker in ``out`` when it records this exact command and package version."""
@@ -182,7 +192,7 @@ def run_jobs(
             port = _distinct_port({port for *_, port in running.values()})
             with log.open("w") as handle:
                 process = subprocess.Popen(
-                    [executable, *ready.args],
+                    ready.argv(executable),
                     stdout=handle,
                     stderr=subprocess.STDOUT,
                     env={**env, "MASTER_PORT": port},

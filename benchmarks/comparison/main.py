@@ -1,4 +1,5 @@
-"""``python benchmarks/compare.py [--quick]``: run every command of the comparison, then write the report."""
+"""``python benchmarks/compare.py [--plan toy|paper-regime] [--quick]``: run every command of the comparison,
+then write the report."""
 
 from __future__ import annotations
 
@@ -20,14 +21,20 @@ ROOT_MARKER = (
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="benchmarks/compare.py", description=__doc__)
     p.add_argument(
-        "--quick", action="store_true", help="the 10-minute version: 1 seed, short runs (a smoke test)"
+        "--plan",
+        default="toy",
+        help="toy (default: short thoughts, equal steps; writes docs/results.md) or paper-regime (long "
+        "thoughts that decide, equal time; writes docs/results-paper-regime.md)",
     )
     p.add_argument(
-        "--out", help="folder for data, models and runs (default runs/compare or runs/compare-quick)"
+        "--quick", action="store_true", help="the few-minute version: 1 seed, short runs (a smoke test)"
+    )
+    p.add_argument(
+        "--out", help="folder for data, models and runs (default runs/compare[-paper-regime][-quick])"
     )
     p.add_argument(
         "--docs",
-        help="where the report and its images/ go (default: the checkout's docs/ for the full plan, "
+        help="where the report and its images/ go (default: the checkout's docs/ for a whole plan, "
         "the --out folder for --quick or a subset)",
     )
     p.add_argument(
@@ -36,7 +43,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=usable_cores(),
         help="commands run at once, one torch thread each (default: the cores this process may use)",
     )
-    p.add_argument("--tasks", nargs="+", help="a subset of the plan's tasks (detection, manipulation)")
+    p.add_argument(
+        "--tasks",
+        nargs="+",
+        help="a subset of the plan's tasks (toy: detection, manipulation; paper-regime: relational)",
+    )
     p.add_argument("--arms", nargs="+", help="a subset of arms, e.g. T4A1 T4A4")
     p.add_argument("--seeds", nargs="+", type=int, help="a subset of seeds")
     p.add_argument("--report-only", action="store_true", help="rewrite the report from finished runs")
@@ -46,16 +57,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        plan = (ComparePlan.quick() if args.quick else ComparePlan.full()).select(
-            args.tasks, args.arms, args.seeds
-        )
+        plan = ComparePlan.named(args.plan, args.quick).select(args.tasks, args.arms, args.seeds)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.workers < 1:
         print("error: --workers must be >= 1", file=sys.stderr)
         return 2
-    default_out = "runs/compare" + ("-quick" if args.quick else "")
+    default_out = "runs/compare" + ("-paper-regime" if args.plan == "paper-regime" else "")
+    default_out += "-quick" if args.quick else ""
     layout = Layout(Path(args.out or default_out).resolve())
     root = layout.root
     if root.exists() and any(root.iterdir()) and not (root / ROOT_MARKER).exists():
@@ -87,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         except JobFailed as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
-    docs = Path(args.docs) if args.docs else REPO / "docs" if plan.name == "full" else layout.root
+    whole = plan.name in ("full", "paper-regime")
+    docs = Path(args.docs) if args.docs else REPO / "docs" if whole else layout.root
     path = write_results(plan, layout, jobs, timings, docs)
     print(f"[compare] wrote {path} in {(time.perf_counter() - start) / 60:.1f} min")
     return 0

@@ -1,5 +1,8 @@
 """What the GRPO-MA vs GRPO comparison runs: tasks, T{K}A{M} arms, seeds, sizes (full and ``--quick``).
 
+Two plans: ``toy`` (short thoughts that restate the answer; every arm trains the same number of steps) and
+``paper-regime`` (relational shapes: a ~120-token thought that decides which of 3-6 shapes the ~25-token answer
+boxes; every arm trains for the same seconds of step time, held-out scores read against time and steps).
 Every arm of a task starts from the same SFT warm start and sees the same data; arms differ only in K and M
 (and their seed, which sets the data order and the sampling).
 """
@@ -49,12 +52,28 @@ class TaskSetup:
     sft_steps: int
     sft_batch: int
     headline: str  # reward component reported as the held-out score, e.g. "iou" or "manipulation/success"
-    steps: int  # GRPO steps of every arm
+    steps: int  # GRPO steps of every arm (with a time budget: the most any arm may take)
     difficulty: str = ""  # make-data --difficulty (shapes only)
 
     @property
     def config(self) -> Path:
         return CONFIG_DIR / f"{self.name}.yaml"
+
+
+#: relational shapes detection: the thought enumerates the shapes and decides which one the answer boxes
+RELATIONAL = TaskSetup(
+    "relational",
+    "shapes",
+    2000,
+    {"test": 64},
+    sft_steps=600,
+    sft_batch=32,
+    headline="iou",
+    steps=1000,
+    difficulty="relational",
+)
+PAPER_BUDGET_S = 300.0  # seconds of step time per arm
+PAPER_EVAL_EVERY = 10
 
 
 @dataclass(frozen=True)
@@ -70,6 +89,11 @@ class ComparePlan:
     eval_every: int = 20
     sft_learning_rate: float = 2e-3
     arguments: str = ""  # the benchmarks/compare.py arguments that give this plan
+    time_budget_s: float = 0.0  # > 0: every arm trains for these seconds of step time (train.time_budget_s)
+
+    @property
+    def equal_time(self) -> bool:
+        return self.time_budget_s > 0
 
     @classmethod
     def full(cls) -> ComparePlan:
@@ -131,6 +155,38 @@ class ComparePlan:
             eval_every=8,
             arguments=" --quick",
         )
+
+    @classmethod
+    def paper_regime(cls) -> ComparePlan:
+        return cls(
+            "paper-regime",
+            (RELATIONAL,),
+            eval_every=PAPER_EVAL_EVERY,
+            time_budget_s=PAPER_BUDGET_S,
+            arguments=" --plan paper-regime",
+        )
+
+    @classmethod
+    def paper_regime_quick(cls) -> ComparePlan:
+        return cls(
+            "paper-regime-quick",
+            (replace(RELATIONAL, train_records=200, eval_records={"test": 16}, sft_steps=40, steps=40),),
+            seeds=(0,),
+            eval_every=2,
+            time_budget_s=20.0,
+            arguments=" --plan paper-regime --quick",
+        )
+
+    @classmethod
+    def named(cls, name: str, quick: bool = False) -> ComparePlan:
+        """The plan ``benchmarks/compare.py --plan NAME [--quick]`` runs."""
+        plans = {
+            "toy": (cls.full, cls.quick),
+            "paper-regime": (cls.paper_regime, cls.paper_regime_quick),
+        }
+        if name not in plans:
+            raise ValueError(f"--plan: unknown plan {name!r}; choose {' or '.join(plans)}")
+        return plans[name][quick]()
 
     def select(
         self, tasks: list[str] | None = None, arms: list[str] | None = None, seeds: list[int] | None = None

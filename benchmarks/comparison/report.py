@@ -3,6 +3,7 @@ differences with their standard errors, one figure per task, the exact commands,
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -12,11 +13,14 @@ from pathlib import Path
 import numpy as np
 
 from comparison.graph import Layout
+from comparison.hypotheses import HYPOTHESES, judge
 from comparison.jobs import Job, Timing
 from comparison.plan import ComparePlan, TaskSetup
 from comparison.summary import (
     ArmSummary,
     RunSeries,
+    Stat,
+    common_eval_steps,
     difference,
     paired_difference,
     read_run,
@@ -31,6 +35,12 @@ def _reading(plan: ComparePlan) -> list[str]:
     """How to read the tables, with this plan's sizes."""
     seeds = len(plan.seeds)
     records = min(n for task in plan.tasks for n in task.eval_records.values())
+    budget = (
+        f"the same {plan.time_budget_s:g} s of training time (the summed seconds of rollout, reward and update "
+        "of their steps; evaluation excluded), so a faster arm takes more steps"
+        if plan.equal_time
+        else "steps"
+    )
     return [
         "## How to read this",
         "",
@@ -39,7 +49,7 @@ def _reading(plan: ComparePlan) -> list[str]:
         "test whether the method's mechanics show up at toy scale; they cannot confirm or refute the paper's "
         "numbers.",
         "- Fairness: all arms of a task start from the same SFT checkpoint and use the same data, learning rate, "
-        "steps and held-out sets; they differ only in K, M and the seed (data order and sampling). T16A1, T4A4 "
+        f"held-out sets and {budget}; they differ only in K, M and the seed (data order and sampling). T16A1, T4A4 "
         "and T8A2 score 16 answers per prompt; T4A1 scores 4. Compare GRPO-MA with T16A1 at equal answers and "
         "with T4A1 at equal thoughts.",
         f"- Noise: held-out scores are greedy decodes of {records}+ records per set (one record moves a score by "
@@ -106,31 +116,34 @@ def plot_task(result: TaskResult, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     colours = dict(zip(result.runs, plt.get_cmap("tab10").colors))
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
-    (reward_ax, wall_ax, held_ax), (grad_ax, gss_ax, var_ax) = axes
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8))
+    (reward_ax, wall_ax, held_ax, held_time_ax), (grad_ax, gss_ax, var_ax, spare_ax) = axes
+    spare_ax.axis("off")
     headline = result.task.headline
     for arm, runs in result.runs.items():
         colour = colours[arm]
-        steps = np.arange(1, runs[0].steps + 1)
-        _band(reward_ax, steps, [r.reward for r in runs], arm, colour)
-        wall = np.mean(np.vstack([r.wall_seconds for r in runs]), axis=0)
-        _band(wall_ax, wall, [r.reward for r in runs], arm, colour)
+        shared = min(r.steps for r in runs)  # with a time budget, seeds of an arm take different step counts
+        steps = np.arange(1, shared + 1)
+        _band(reward_ax, steps, [r.reward[:shared] for r in runs], arm, colour)
+        wall = np.mean(np.vstack([r.wall_seconds[:shared] for r in runs]), axis=0)
+        _band(wall_ax, wall, [r.reward[:shared] for r in runs], arm, colour)
         for style, name in zip(("-o", "--s"), sorted(runs[0].held_out)):
-            by_step = [r.held_out[name] for r in runs]
-            at = sorted(by_step[0])
-            _band(
-                held_ax,
-                at,
-                [np.array([b[s] for s in at]) for b in by_step],
-                f"{arm} {name}",
-                colour,
-                smooth=False,
-                style=style,
-            )
-        _band(grad_ax, steps, [r.grad_norm for r in runs], arm, colour)
-        gss_ax.plot(steps, np.nanmax(np.vstack([r.gss for r in runs]), axis=0), color=colour, label=arm, lw=1)
+            at = common_eval_steps(runs, name)
+            scores = [np.array([r.held_out[name][s] for s in at]) for r in runs]
+            label = f"{arm} {name}"
+            _band(held_ax, at, scores, label, colour, smooth=False, style=style)
+            seconds = np.mean([[r.seconds_at(s) for s in at] for r in runs], axis=0)
+            _band(held_time_ax, seconds, scores, label, colour, smooth=False, style=style)
+            last = [
+                (r.seconds_at(max(r.held_out[name])), r.held_out[name][max(r.held_out[name])]) for r in runs
+            ]
+            held_time_ax.scatter(*zip(*last), color=colour, marker="*", s=60, zorder=3)
+        _band(grad_ax, steps, [r.grad_norm[:shared] for r in runs], arm, colour)
+        gss_ax.plot(
+            steps, np.nanmax(np.vstack([r.gss[:shared] for r in runs]), axis=0), color=colour, label=arm, lw=1
+        )
         if any(np.isfinite(r.thought_variance).any() for r in runs):
-            _band(var_ax, steps, [r.thought_variance for r in runs], arm, colour)
+            _band(var_ax, steps, [r.thought_variance[:shared] for r in runs], arm, colour)
     reward_ax.set(
         title=f"training reward ({SMOOTH}-step mean, ±std over seeds)",
         xlabel="step",
@@ -139,6 +152,11 @@ def plot_task(result: TaskResult, path: Path) -> Path:
     wall_ax.set(title="training reward vs training time", xlabel="seconds (rollout + reward + update)")
     short = headline.split("/")[-1]
     held_ax.set(title=f"held-out greedy {short}", xlabel="step (0 = the SFT warm start)", ylabel=short)
+    held_time_ax.set(
+        title=f"held-out greedy {short} vs training time (★ each run's last)",
+        xlabel="seconds (rollout + reward + update)",
+        ylabel=short,
+    )
     grad_ax.set(title="gradient norm before clipping", xlabel="step")
     if all((r.grad_norm > 0).all() for runs in result.runs.values() for r in runs):
         grad_ax.set_yscale("log")  # a step with zero advantage everywhere has a zero gradient
@@ -173,6 +191,7 @@ def _table(result: TaskResult) -> list[str]:
         "max GSS",
         "mean grad norm",
         "thought-adv var. est.",
+        "steps",
         "s/step",
         "rollout / reward / update s",
         "minutes",
@@ -194,6 +213,7 @@ def _table(result: TaskResult) -> list[str]:
             a.gss_max.text(2),
             a.grad_norm.text(3),
             a.thought_variance.text(3),
+            a.steps.text(0),
             a.step_seconds.text(2),
             phases,
             a.train_minutes.text(1),
@@ -202,20 +222,50 @@ def _table(result: TaskResult) -> list[str]:
     return lines
 
 
-def _verdicts(result: TaskResult) -> list[str]:
+def equal_step(result: TaskResult) -> int:
+    """The last regular evaluation step every run of the task reached (0 when only the warm start is shared)."""
+    runs = [run for arm_runs in result.runs.values() for run in arm_runs]
+    name = sorted(runs[0].held_out)[0]
+    return max(common_eval_steps(runs, name), default=0)
+
+
+def held_out_at(result: TaskResult, arm: str, name: str, step: int) -> Stat:
+    return Stat.of(run.held_out.get(name, {}).get(step) for run in result.runs[arm])
+
+
+def gss_until(result: TaskResult, arm: str, steps: int) -> Stat:
+    """Per run, the largest GSS over its first ``steps`` steps."""
+    return Stat.of(float(np.nanmax(run.gss[:steps])) if steps else math.nan for run in result.runs[arm])
+
+
+def _verdicts(result: TaskResult, equal_time: bool) -> list[str]:
     lines = []
     head = result.task.headline
+    shared = equal_step(result)
     for ma, grpo in PAIRS:
         a, b = result.arm(ma), result.arm(grpo)
         if a is None or b is None:
             continue
+        sets = sorted(set(a.held_out_end) & set(b.held_out_end))
+        when = "at equal time " if equal_time else ""
         parts = [
-            f"held-out {head} ({s}) {difference(a.held_out_end[s], b.held_out_end[s]).text()}"
-            for s in sorted(set(a.held_out_end) & set(b.held_out_end))
+            f"held-out {head} ({s}) {when}{difference(a.held_out_end[s], b.held_out_end[s]).text()}"
+            for s in sets
         ]
+        if equal_time:
+            parts += [
+                f"at equal steps (step {shared}) "
+                + difference(held_out_at(result, ma, s, shared), held_out_at(result, grpo, s, shared)).text()
+                for s in sets
+            ]
         parts.append(f"last-10 training reward {difference(a.reward_end, b.reward_end).text()}")
         parts.append(f"GSS@10 steps {difference(a.gss10, b.gss10).text()}")
-        parts.append(f"max GSS {difference(a.gss_max, b.gss_max).text()}")
+        if equal_time:
+            steps = shortest(result)
+            gss = difference(gss_until(result, ma, steps), gss_until(result, grpo, steps))
+            parts.append(f"max GSS over the first {steps} steps {gss.text()}")
+        else:
+            parts.append(f"max GSS {difference(a.gss_max, b.gss_max).text()}")
         ratio = a.step_seconds.mean / b.step_seconds.mean if b.step_seconds.mean else math.nan
         parts.append(f"time per step ×{ratio:.2f}")
         lines.append(f"- **{ma} − {grpo}**: " + "; ".join(parts) + ".")
@@ -232,6 +282,63 @@ def report_names(plan: ComparePlan) -> tuple[str, str]:
     return f"results-{plan.name}.md", f"compare-{plan.name}"
 
 
+def _thought_check(layout: Layout, task: TaskSetup) -> list[str]:
+    """The warm start's held-out IoU after the reference, a wrong and its own thought (relational tasks)."""
+    path = layout.thought_check(task)
+    if not path.is_file():
+        return []
+    found = json.loads(path.read_text())
+    return [
+        f"**Does the thought decide?** The SFT warm start's greedy answer on the {found['records']:.0f} held-out "
+        "records, decoded after a forced thought (`benchmarks/thought_matters.py`): IoU "
+        f"{found['iou_after_reference_thought']:.3f} after the reference thought, "
+        f"{found['iou_after_wrong_thought']:.3f} after the same thought concluding on another shape, "
+        f"{found['iou_after_own_thought']:.3f} after its own greedy thought.",
+        "",
+    ]
+
+
+def shortest(result: TaskResult) -> int:
+    """The fewest steps any run of the task took (with a time budget, the slowest arm's)."""
+    return min(run.steps for runs in result.runs.values() for run in runs)
+
+
+def _hypotheses(result: TaskResult) -> list[str]:
+    arms = {a.arm: a for a in result.arms}
+    if not {"T4A4", "T16A1"} <= set(arms):
+        return []
+    steps = shortest(result)
+    gss = {name: gss_until(result, name, steps) for name in ("T4A4", "T16A1")}
+    lines = [
+        "## Hypotheses",
+        "",
+        "Stated with the rule that decides each before any of these runs (`benchmarks/comparison/hypotheses.py`, "
+        "also listed in `docs/results.md`), answered here from the runs above:",
+        "",
+        "| | hypothesis | decided by | evidence | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for j in judge(arms, gss, steps):
+        h = j.hypothesis
+        lines.append(f"| {h.name} | {h.claim} | {h.rule} | {j.evidence} | **{j.verdict}** |")
+    return lines + [""]
+
+
+def hypotheses_pointer() -> list[str]:
+    """The toy report's section on the paper regime: its hypotheses as stated before running."""
+    return [
+        "## The paper's regime",
+        "",
+        "These runs are the toy regime (thoughts shorter than answers, equal steps). `python benchmarks/compare.py "
+        "--plan paper-regime` runs the regime the paper targets: relational shapes, a ~120-token thought that "
+        "decides which shape a ~25-token answer boxes, all arms trained for equal time. Its hypotheses, stated "
+        "before it ran and answered in [results-paper-regime.md](results-paper-regime.md):",
+        "",
+        *(f"- **{h.name}**: {h.claim} *Decided by:* {h.rule}" for h in HYPOTHESES),
+        "",
+    ]
+
+
 def write_results(
     plan: ComparePlan, layout: Layout, jobs: list[Job], timings: dict[str, Timing], docs: Path
 ) -> Path:
@@ -242,17 +349,28 @@ def write_results(
     wall_minutes = (
         max(t.finished_at for t in timings.values()) - min(t.started_at for t in timings.values())
     ) / 60
+    budget = (
+        f"each arm trains for {plan.time_budget_s:g} s of step time (at most {plan.tasks[0].steps} steps)"
+        if plan.equal_time
+        else "GRPO runs of equal steps"
+    )
     lines = [
-        "# Results: GRPO-MA vs GRPO at CPU scale",
+        "# Results in the paper's regime: GRPO-MA vs GRPO at equal time"
+        if plan.equal_time
+        else "# Results: GRPO-MA vs GRPO at CPU scale",
         "",
         f"Generated by `python benchmarks/compare.py{plan.arguments}` — "
         "do not edit by hand; rerun it. Every number below comes from the commands listed at the end, run as "
         "separate processes with one torch thread each.",
         "",
         f"- Plan `{plan.name}`: arms {', '.join(a.name for a in plan.arms)}; seeds {list(plan.seeds)}; "
-        f"GRPO runs of 8 prompts per step; held-out greedy evaluation every {plan.eval_every} steps.",
+        f"8 prompts per step, {budget}; held-out greedy evaluation every {plan.eval_every} steps"
+        + (" and after the last." if plan.equal_time else "."),
         "- Model: tiny Qwen2.5-VL (`make-tiny-model --preset small`, 0.8 M parameters), built offline; one SFT "
         "warm start per task shared by all of its arms.",
+        "- Rollout backend: transformers (`rollout.backend: hf`), the faster one on this CPU: vLLM's CPU build "
+        "took 1.1–2.3× the time of the transformers backend for the same rollouts (`benchmarks/rollout_vllm.py`, "
+        "README § vLLM rollout).",
         f"- Machine: {platform.machine()}, {usable_cores()} cores. Wall time from the first command's start to "
         f"the last one's end: {wall_minutes:.1f} min ({job_minutes:.1f} min of job time, jobs running two at a "
         "time).",
@@ -265,19 +383,29 @@ def write_results(
         image = plot_task(result, docs / "images" / f"{images_prefix}_{result.task.name}.png")
         t = result.task
         sets = ", ".join(f"{name} ({n} records)" for name, n in t.eval_records.items())
+        steps = (
+            f"{plan.time_budget_s:g} s of training per run"
+            if plan.equal_time
+            else f"{t.steps} GRPO steps per run"
+        )
         lines += [
             f"## {t.name}",
             "",
             f"{t.train_records} training records ({t.source}); held-out: {sets}; SFT warm start "
-            f"{t.sft_steps} steps of {t.sft_batch}; {t.steps} GRPO steps per run. Headline metric: `{t.headline}` of the greedy answer.",
+            f"{t.sft_steps} steps of {t.sft_batch}; {steps}. Headline metric: `{t.headline}` of the greedy answer.",
             "",
+            *_thought_check(layout, t),
             *_table(result),
             "",
-            *_verdicts(result),
+            *_verdicts(result, plan.equal_time),
             "",
             f"![{t.name}](images/{image.name})",
             "",
         ]
+        if plan.equal_time:
+            lines += _hypotheses(result)
+    if not plan.equal_time:
+        lines += hypotheses_pointer()
     lines += [
         "## Commands",
         "",

@@ -45,6 +45,17 @@ class RunSeries:
         """Cumulative training seconds at the end of each step (evaluation time excluded)."""
         return np.cumsum(self.step_seconds)
 
+    def seconds_at(self, step: int) -> float:
+        """Training seconds spent when ``step`` ended (0 for the warm start)."""
+        return float(self.wall_seconds[step - 1]) if step > 0 else 0.0
+
+
+def common_eval_steps(runs: list[RunSeries], name: str) -> list[int]:
+    """Steps at which every run evaluated held-out set ``name`` (with a time budget, each run's last evaluation
+    falls where its budget ran out, so only the regular ones are shared)."""
+    steps = set.intersection(*(set(run.held_out.get(name, {})) for run in runs)) if runs else set()
+    return sorted(steps)
+
 
 def read_run(run_dir: Path, headline: str) -> RunSeries:
     """Parse ``run_dir/metrics.jsonl``; a missing file or key names the run folder."""
@@ -134,6 +145,7 @@ class ArmSummary:
     step_seconds: Stat
     phase_seconds: dict[str, Stat]
     train_minutes: Stat
+    steps: Stat
 
 
 def summarise(arm: str, samples: int, runs: list[RunSeries]) -> ArmSummary:
@@ -161,6 +173,7 @@ def summarise(arm: str, samples: int, runs: list[RunSeries]) -> ArmSummary:
         step_seconds=Stat.of(float(np.mean(r.step_seconds)) for r in runs),
         phase_seconds={p: Stat.of(r.phase_seconds[p] for r in runs) for p in ("rollout", "reward", "update")},
         train_minutes=Stat.of((float(r.step_seconds.sum()) + r.eval_seconds) / 60 for r in runs),
+        steps=Stat.of(r.steps for r in runs),
     )
 
 

@@ -7,6 +7,7 @@ import shlex
 
 import pytest
 from comparison.graph import Layout, build_jobs
+from comparison.jobs import REPO
 from comparison.plan import Arm, ComparePlan
 
 from vlm_grpoma.config import load_config, validate
@@ -39,7 +40,29 @@ def test_full_plan_is_the_issue_grid_and_arms_compare_at_equal_samples():
     assert plan.select() is plan and ComparePlan.quick().select(seeds=[1]).arguments == " --quick --seeds 1"
 
 
-@pytest.mark.parametrize("plan", [ComparePlan.full(), ComparePlan.quick()], ids=["full", "quick"])
+def test_paper_regime_plans_train_every_arm_for_equal_time():
+    plan = ComparePlan.named("paper-regime")
+    assert plan is not None and plan.name == "paper-regime" and plan.arguments == " --plan paper-regime"
+    assert [a.name for a in plan.arms] == ["T4A1", "T16A1", "T4A4", "T8A2"] and plan.seeds == (0, 1, 2)
+    [task] = plan.tasks
+    assert (task.name, task.difficulty, task.headline) == ("relational", "relational", "iou")
+    assert plan.equal_time and not ComparePlan.named("toy").equal_time
+    quick = ComparePlan.named("paper-regime", quick=True)
+    assert quick.equal_time and quick.arguments == " --plan paper-regime --quick" and quick.arms == plan.arms
+    assert ComparePlan.named("toy", quick=True).name == "quick"
+    with pytest.raises(ValueError, match="--plan: unknown plan 'paper'; choose toy or paper-regime"):
+        ComparePlan.named("paper")
+
+
+PLANS = [
+    ComparePlan.full(),
+    ComparePlan.quick(),
+    ComparePlan.paper_regime(),
+    ComparePlan.paper_regime_quick(),
+]
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=[p.name for p in PLANS])
 def test_every_command_is_valid_and_waits_only_for_earlier_jobs(plan, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     layout = Layout(tmp_path / "runs")
@@ -53,10 +76,11 @@ def test_every_command_is_valid_and_waits_only_for_earlier_jobs(plan, tmp_path, 
         assert set(job.after) <= earlier, job.name
         earlier.add(job.name)
         command = shlex.split(job.command())
+        program = ["python", job.script] if job.script else ["vlm-grpoma"]
         assert (
-            command[0] == "vlm-grpoma" and str(tmp_path) not in job.command()
+            command[: len(program)] == program and str(tmp_path) not in job.command()
         )  # paths relative to the checkout
-        assert command[1:] == [a.replace(f"{tmp_path}/", "") for a in job.args]
+        assert command[len(program) :] == [a.replace(f"{tmp_path}/", "") for a in job.args]
         if job.args[0] in ("sft", "train"):
             config = load_config(job.args[2], job.args[3:])
             validate(config)
@@ -72,14 +96,33 @@ def test_every_command_is_valid_and_waits_only_for_earlier_jobs(plan, tmp_path, 
                 c.data.train_path,
                 tuple(c.data.eval_sets.items()),
                 c.train.steps,
+                c.train.time_budget_s,
                 c.optim.learning_rate,
                 c.train.eval_every,
             )
             for c in configs
         }
         assert len(shared) == 1
+        assert configs[0].train.time_budget_s == plan.time_budget_s
         assert configs[0].model.name_or_path == str(layout.warm_start(task))
         assert sorted(configs[0].data.eval_sets) == sorted(task.eval_records)
+
+
+def test_relational_tasks_check_that_the_warm_start_follows_its_thought(tmp_path):
+    plan = ComparePlan.paper_regime()
+    layout = Layout(tmp_path)
+    jobs = {j.name: j for j in build_jobs(plan, layout)}
+    check = jobs["thought-matters/relational"]
+    assert check.script == "benchmarks/thought_matters.py" and (REPO / check.script).is_file()
+    assert check.args[:2] == (
+        str(layout.warm_start(plan.tasks[0])),
+        str(layout.records(plan.tasks[0], "test")),
+    )
+    assert set(check.after) == {"sft/relational", "data/relational/test"}
+    assert not any(
+        name.startswith("thought-matters/")
+        for name in (j.name for j in build_jobs(ComparePlan.full(), layout))
+    )
 
 
 def test_warm_start_path_is_where_sft_leaves_its_final_model(tmp_path):

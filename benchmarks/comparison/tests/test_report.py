@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import statistics
 
 import numpy as np
@@ -20,7 +21,14 @@ STEPS = 24
 
 
 def _write_run(
-    folder, *, reward: np.ndarray, held_out: dict[int, float], thought_variance: float | None, spikes: int = 0
+    folder,
+    *,
+    reward: np.ndarray,
+    held_out: dict[int, float],
+    thought_variance: float | None,
+    spikes: int = 0,
+    step_s: float = 1.5,
+    gss: float = 1.0,
 ) -> None:
     folder.mkdir(parents=True)
     rows = [
@@ -32,16 +40,16 @@ def _write_run(
             "time/eval_s": 2.0,
         }
     ]
-    for step in range(1, STEPS + 1):
+    for step in range(1, len(reward) + 1):
         row = {
             "step": step,
             "reward/total_mean": float(reward[step - 1]),
             "reward/iou_mean": float(reward[step - 1]),
             "train/grad_norm": 0.5 + step / 100,
-            "train/gss": 1.0,
-            "train/gss10_count": spikes * (step == STEPS),
+            "train/gss": gss + (step == 3),
+            "train/gss10_count": spikes * (step == len(reward)),
             "variance/thought_adv_estimate": thought_variance,
-            "time/step_s": 1.5,
+            "time/step_s": step_s,
             "time/rollout_s": 0.5,
             "time/reward_s": 0.25,
             "time/update_s": 0.75,
@@ -175,3 +183,66 @@ def test_report_writes_table_verdicts_commands_and_figure(tmp_path):
     assert "T4A1 training reward, last 10 − first 10 steps: +0.1" in text
     for job in jobs:
         assert job.command() in text
+
+
+def test_equal_time_report_reads_scores_against_time_and_steps_and_answers_the_hypotheses(tmp_path):
+    plan = dataclasses.replace(ComparePlan.paper_regime_quick(), seeds=(0, 1, 2), time_budget_s=24.0)
+    layout = Layout(tmp_path / "runs")
+    task = plan.tasks[0]
+    speed = {"T4A1": 0.5, "T16A1": 2.0, "T4A4": 1.0, "T8A2": 1.2}  # seconds per step
+    variance = {"T4A4": 0.333, "T8A2": 0.5}  # 0.5 at M = 2 predicts 0.5 / (2 - 0.5) = 0.333 at M = 4
+    for arm in plan.arms:
+        for seed in plan.seeds:
+            step_s = speed[arm.name] * (1 + 0.01 * seed)
+            steps = int(plan.time_budget_s // step_s) + 1  # the step that crosses the budget ends the run
+            lift = 0.2 if arm.name == "T4A4" else 0.0
+            held = {s: 0.1 + lift * s / steps + 0.005 * seed for s in range(0, steps, plan.eval_every)}
+            held[steps] = 0.1 + lift + 0.005 * seed
+            _write_run(
+                layout.arm(task, arm, seed),
+                reward=np.full(steps, 0.3),
+                held_out=held,
+                thought_variance=variance.get(arm.name, math.nan) * (1 + 0.003 * (seed - 1)),
+                step_s=step_s,
+                gss=1.0 if arm.answers > 1 else 3.0 + 0.1 * seed,
+            )
+    jobs = build_jobs(plan, layout)
+    layout.thought_check(task).parent.mkdir(parents=True)
+    layout.thought_check(task).write_text(
+        json.dumps(
+            {
+                "records": 16.0,
+                "iou_after_reference_thought": 0.8,
+                "iou_after_wrong_thought": 0.1,
+                "iou_after_own_thought": 0.5,
+            }
+        )
+    )
+    timings = {job.name: Timing(60.0, 1000.0 + 30 * i, 1060.0 + 30 * i) for i, job in enumerate(jobs)}
+    text = write_results(plan, layout, jobs, timings, tmp_path / "docs").read_text()
+    assert text.startswith("# Results in the paper's regime: GRPO-MA vs GRPO at equal time")
+    assert "IoU 0.800 after the reference thought, 0.100 after the same thought concluding on another" in text
+    assert "each arm trains for 24 s of step time" in text
+    # T16A1 (2 s/step) reached step 12 (and 13, where the budget ran out): equal steps are read at step 12
+    assert "held-out iou (test) at equal time +0.200 ± 0.004 (higher)" in text
+    assert (
+        "at equal steps (step 12) +0.099 ± 0.005 (higher)" in text
+        and "max GSS over the first 12 steps" in text
+    )
+    verdicts = dict(re.findall(r"\| (H\d) \|.*\*\*(supported|not supported|inconclusive)\*\* \|", text))
+    assert verdicts == {"H1": "supported", "H2": "supported", "H3": "supported", "H4": "supported"}
+    assert "ratio 0.50 (95 % interval" in text and "predicted for M = 4 from T8A2: 0.333 (inside" in text
+    assert (
+        tmp_path / "docs" / "images" / "compare-paper-regime-quick_relational.png"
+    ).stat().st_size > 10_000
+
+
+def test_toy_report_states_the_paper_regime_hypotheses(tmp_path):
+    plan, layout = _plan(), Layout(tmp_path / "runs")
+    _fill(layout, plan)
+    jobs = build_jobs(plan, layout)
+    timings = {job.name: Timing(60.0, 1000.0, 1060.0) for job in jobs}
+    text = write_results(plan, layout, jobs, timings, tmp_path / "docs").read_text()
+    assert "## The paper's regime" in text and "[results-paper-regime.md](results-paper-regime.md)" in text
+    for name in ("H1", "H2", "H3", "H4"):
+        assert f"- **{name}**:" in text
