@@ -15,6 +15,7 @@ from vlm_grpoma.trainer.checkpoint import checkpoint_name, checkpoint_root
 MODEL_ARCH = "qwen2_5_vl"
 MODEL_PRESET = "small"
 DATA_SEED = 0  # training records; held-out sets use DATA_SEED + 1 (and, for SAPIEN, held-out instances)
+SFT_THREADS = 64  # a warm start has nothing to run beside it: it takes every core the runner has
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,13 @@ def _sft_job(layout: Layout, plan: ComparePlan, task: TaskSetup) -> Job:
         "seed=0",
         f"logging.output_dir={layout.sft(task)}",
     )
-    return Job(f"sft/{task.name}", args, layout.sft(task), after=("model", f"data/{task.name}/train"))
+    return Job(
+        f"sft/{task.name}",
+        args,
+        layout.sft(task),
+        after=("model", f"data/{task.name}/train"),
+        threads=SFT_THREADS,
+    )
 
 
 def _yaml_scalar(text: str) -> str:

@@ -65,6 +65,9 @@ class Job:
     out: Path
     after: tuple[str, ...] = ()
     script: str = ""
+    threads: int = (
+        1  # torch threads; a job takes that many of the runner's worker slots (at most all of them)
+    )
 
     def command(self) -> str:
         """The command line as a user would type it from the repository root."""
@@ -160,7 +163,8 @@ def _topological(jobs: Sequence[Job]) -> list[Job]:
 def run_jobs(
     jobs: Sequence[Job], *, workers: int, log_dir: Path, report: Callable[[str], None] = print
 ) -> dict[str, Timing]:
-    """Run ``jobs`` respecting ``after``, at most ``workers`` at once, one torch thread each.
+    """Run ``jobs`` respecting ``after``, as many at once as their threads fit in ``workers`` slots (a job
+    wanting more than ``workers`` threads runs alone with ``workers``).
 
     Returns each job's timing (from its marker for a kept job). The first failure stops new jobs, waits
     for the running ones and raises :class:`JobFailed` with the failed command and its log's last lines.
@@ -173,7 +177,7 @@ def run_jobs(
         raise ValueError(f"jobs wait for unknown jobs: {sorted(unknown)}")
     ordered = _topological(jobs)
     log_dir.mkdir(parents=True, exist_ok=True)
-    executable, env = _executable(), _environment(threads=1)
+    executable = _executable()
     done = _kept(ordered)
     for name, marker in done.items():
         report(f"[compare] {name}: done earlier ({marker['seconds']:.0f} s), kept")
@@ -183,7 +187,8 @@ def run_jobs(
     while pending or running:
         while failure is None and len(running) < workers:
             ready = next((j for j in pending if all(dep in done for dep in j.after)), None)
-            if ready is None:
+            busy = sum(min(job.threads, workers) for job, *_ in running.values())
+            if ready is None or (running and busy + min(ready.threads, workers) > workers):
                 break
             pending.remove(ready)
             if ready.out.exists():
@@ -195,7 +200,7 @@ def run_jobs(
                     ready.argv(executable),
                     stdout=handle,
                     stderr=subprocess.STDOUT,
-                    env={**env, "MASTER_PORT": port},
+                    env={**_environment(min(ready.threads, workers)), "MASTER_PORT": port},
                     cwd=Path.cwd(),
                 )
             running[ready.name] = (ready, process, time.time(), log, port)

@@ -87,3 +87,14 @@ def test_graph_errors_are_caught_before_anything_runs(tmp_path):
         run_jobs(
             [_make_data("a", tmp_path / "a"), _make_data("a", tmp_path / "b")], workers=1, log_dir=tmp_path
         )
+
+
+def test_a_job_wanting_every_core_runs_alone_and_a_script_job_runs_with_this_python(tmp_path):
+    wide = Job("wide", _make_data("x", tmp_path / "wide").args, tmp_path / "wide", threads=8)
+    narrow = _make_data("narrow", tmp_path / "narrow")
+    script = Job("script", ("--help",), tmp_path / "script", script="benchmarks/thought_matters.py")
+    timings = run_jobs([wide, narrow, script], workers=2, log_dir=tmp_path / "logs", report=lambda _: None)
+    assert timings["narrow"].started_at >= timings["wide"].finished_at
+    assert timings["script"].started_at >= timings["wide"].finished_at
+    assert "Does the thought decide?" in (tmp_path / "logs" / "script.log").read_text()
+    assert script.command() == "python benchmarks/thought_matters.py --help"
