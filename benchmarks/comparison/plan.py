@@ -172,8 +172,8 @@ class ComparePlan:
             "paper-regime-quick",
             (replace(RELATIONAL, train_records=200, eval_records={"test": 16}, sft_steps=40, steps=40),),
             seeds=(0,),
-            eval_every=2,
-            time_budget_s=20.0,
+            eval_every=4,
+            time_budget_s=15.0,
             arguments=" --plan paper-regime --quick",
         )
 

@@ -1,12 +1,15 @@
 """A miniature comparison through the real commands: tiny model, shapes and SAPIEN data, SFT warm starts,
-GRPO and GRPO-MA arms with held-out evaluation, then the report (about a minute on 2 cores)."""
+GRPO and GRPO-MA arms with held-out evaluation, then the report (about a minute on 2 cores); and the
+paper-regime plan's ``--quick`` version from the command line."""
 
 from __future__ import annotations
 
 import json
+import re
 
 from comparison.graph import Layout, build_jobs
 from comparison.jobs import run_jobs
+from comparison.main import main
 from comparison.plan import Arm, ComparePlan, TaskSetup
 from comparison.report import write_results
 
@@ -67,3 +70,28 @@ def test_miniature_comparison_runs_every_command_and_reports(tmp_path, monkeypat
         and "held-out manipulation/success (unseen)" in text
     )
     assert (tmp_path / "docs" / "images" / "compare-mini_manipulation.png").is_file()
+
+
+def test_paper_regime_quick_runs_from_the_command_line_and_answers_every_hypothesis(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out, docs = tmp_path / "runs", tmp_path / "docs"
+    assert main(["--plan", "paper-regime", "--quick", "--out", str(out), "--docs", str(docs)]) == 0
+    plan = ComparePlan.paper_regime_quick()
+    layout = Layout(out)
+    task = plan.tasks[0]
+    for arm in plan.arms:
+        config = json.loads((layout.arm(task, arm, 0) / "metrics.jsonl").read_text().splitlines()[-1])
+        assert config["time/trained_s"] >= plan.time_budget_s  # each arm stopped on its time budget
+    thought = json.loads(layout.thought_check(task).read_text())
+    assert set(thought) == {
+        "records",
+        "iou_after_reference_thought",
+        "iou_after_wrong_thought",
+        "iou_after_own_thought",
+    }
+    text = (docs / "results-paper-regime-quick.md").read_text()
+    assert "`python benchmarks/compare.py --plan paper-regime --quick`" in text
+    verdicts = re.findall(r"^\| (H\d) \|.*\*\*(supported|not supported|inconclusive)\*\* \|$", text, re.M)
+    assert [name for name, _ in verdicts] == ["H1", "H2", "H3", "H4"]
+    assert all(v == "inconclusive" for _, v in verdicts)  # one seed decides nothing
+    assert (docs / "images" / "compare-paper-regime-quick_relational.png").is_file()

@@ -430,6 +430,8 @@ def _relational(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, list[_Obj],
     if len(scene.objects) < 3:
         return None
     seen = [SceneObject(o.kind, o.colour, o.size, o.box, int(o.mask.sum())) for o in scene.objects]
+    if len({o.describe(cfg.image_size) for o in seen}) < len(seen):
+        return None  # two shapes the thought would describe alike: its conclusion would not say which one
     choice = choose(rng, seen)
     if choice is None:
         return None
