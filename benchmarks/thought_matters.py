@@ -108,6 +108,7 @@ def main() -> int:
     for key, value in result.items():
         print(f"{key:>26}  {value:.3f}")
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 

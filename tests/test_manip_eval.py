@@ -41,6 +41,7 @@ def _args(tmp_path, **kw):
         assets=None,
         split_file=None,
         protocol=None,
+        job_timeout=None,
     )
     return argparse.Namespace(**(base | kw))
 

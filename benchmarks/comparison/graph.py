@@ -57,7 +57,7 @@ def _data_job(layout: Layout, task: TaskSetup, split: str, n: int) -> Job:
     args = [
         "make-data",
         "--task",
-        task.name,
+        task.data_task,
         "--source",
         task.source,
         "--n",

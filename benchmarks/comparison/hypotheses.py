@@ -96,7 +96,10 @@ def step_time_ratio(ma: ArmSummary, grpo: ArmSummary) -> tuple[float, float, flo
 
 def predicted_variance(estimate: float, answers_from: int, answers_to: int) -> float:
     """The large-K estimate at ``answers_to`` answers per thought from its value at ``answers_from``:
-    1/v = M·ρ + 1 with ρ = τ²/σ² a property of the task and policy, not of M."""
+    1/v = M·ρ + 1 with ρ = τ²/σ² a property of the task and policy, not of M. The estimate lies in [0, 1]; its
+    ends stay put (0: answers never disagree, σ² = 0; 1: thoughts never differ, τ² = 0)."""
+    if not 0 < estimate < 1:
+        return estimate
     rho = (1 / estimate - 1) / answers_from
     return 1 / (answers_to * rho + 1)
 

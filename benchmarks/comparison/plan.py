@@ -54,6 +54,11 @@ class TaskSetup:
     headline: str  # reward component reported as the held-out score, e.g. "iou" or "manipulation/success"
     steps: int  # GRPO steps of every arm (with a time budget: the most any arm may take)
     difficulty: str = ""  # make-data --difficulty (shapes only)
+    records_task: str = ""  # make-data --task when it differs from the name (relational shapes are detection)
+
+    @property
+    def data_task(self) -> str:
+        return self.records_task or self.name
 
     @property
     def config(self) -> Path:
@@ -71,6 +76,7 @@ RELATIONAL = TaskSetup(
     headline="iou",
     steps=1000,
     difficulty="relational",
+    records_task="detection",
 )
 PAPER_BUDGET_S = 300.0  # seconds of step time per arm
 PAPER_EVAL_EVERY = 10

@@ -26,6 +26,11 @@ def test_m_scaling_prediction_is_the_large_k_limit(sigma2, tau2):
     assert predicted_variance(limit(4), 4, 2) == pytest.approx(limit(2))
 
 
+def test_m_scaling_prediction_keeps_the_ends_of_the_range():
+    # all answers of every thought agree (σ² = 0: e.g. a warm start that always scores 0) or thoughts never differ
+    assert predicted_variance(0.0, 2, 4) == 0.0 and predicted_variance(1.0, 2, 4) == 1.0
+
+
 def test_step_time_ratio_interval_is_the_delta_method_with_welch_degrees_of_freedom():
     fast, slow = _arm("T4A4", step_seconds=[1.0, 1.1, 0.9]), _arm("T16A1", step_seconds=[2.0, 2.4, 1.6])
     ratio, low, high = step_time_ratio(fast, slow)

@@ -10,6 +10,7 @@ from comparison.graph import Layout, build_jobs
 from comparison.jobs import REPO
 from comparison.plan import Arm, ComparePlan
 
+from vlm_grpoma.cli import build_parser
 from vlm_grpoma.config import load_config, validate
 from vlm_grpoma.trainer.base import Trainer
 
@@ -45,7 +46,12 @@ def test_paper_regime_plans_train_every_arm_for_equal_time():
     assert plan is not None and plan.name == "paper-regime" and plan.arguments == " --plan paper-regime"
     assert [a.name for a in plan.arms] == ["T4A1", "T16A1", "T4A4", "T8A2"] and plan.seeds == (0, 1, 2)
     [task] = plan.tasks
-    assert (task.name, task.difficulty, task.headline) == ("relational", "relational", "iou")
+    assert (task.name, task.data_task, task.difficulty, task.headline) == (
+        "relational",
+        "detection",
+        "relational",
+        "iou",
+    )
     assert plan.equal_time and not ComparePlan.named("toy").equal_time
     quick = ComparePlan.named("paper-regime", quick=True)
     assert quick.equal_time and quick.arguments == " --plan paper-regime --quick" and quick.arms == plan.arms
@@ -81,6 +87,8 @@ def test_every_command_is_valid_and_waits_only_for_earlier_jobs(plan, tmp_path, 
             command[: len(program)] == program and str(tmp_path) not in job.command()
         )  # paths relative to the checkout
         assert command[len(program) :] == [a.replace(f"{tmp_path}/", "") for a in job.args]
+        if not job.script:
+            build_parser().parse_args(list(job.args))  # the CLI accepts it (argparse exits on a bad flag)
         if job.args[0] in ("sft", "train"):
             config = load_config(job.args[2], job.args[3:])
             validate(config)
