@@ -197,18 +197,37 @@ def test_planted_payload_through_the_cli_is_one_line_and_exit_1(run_copy, overri
     state["extra"] = _Payload(marker)
     torch.save(state, step2 / MODEL_STATES)
     _rewrite_manifest(step2, MODEL_STATES)
-    config = tmp_path / "c.yaml"
-    config.write_text("{}\n")
-    result = run_cli(
-        "train", "--config", str(config), *overrides(run_copy, "train.steps=4", f"checkpoint.resume={step2}")
-    )
-    assert result.returncode == 1, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    (line,) = error_lines(result.stderr)
+    line = _resume_error_line(step2, run_copy, overrides, tmp_path)
     assert line.startswith(
         f"vlm-grpoma train: error: {step2 / MODEL_STATES}: refused to load: it holds posix.system"
     )
     assert not marker.exists()
+
+
+def _resume_error_line(step: Path, run: Path, overrides, tmp_path: Path) -> str:
+    """``vlm-grpoma train ... checkpoint.resume=STEP`` in a subprocess: exit 1, no traceback, its one error line."""
+    config = tmp_path / "c.yaml"
+    config.write_text("{}\n")
+    result = run_cli(
+        "train", "--config", str(config), *overrides(run, "train.steps=4", f"checkpoint.resume={step}")
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    (line,) = error_lines(result.stderr)
+    return line
+
+
+@pytest.mark.parametrize("damaged", [MODEL_STATES, "trainer_state.pt"])
+def test_damage_the_manifest_agrees_with_is_still_one_line_through_the_cli(
+    damaged, run_copy, overrides, tmp_path
+):
+    """A checkpoint whose manifest was rewritten after the damage (or copied with it): the loader itself
+    refuses the file, as the command line reports it."""
+    step2 = run_copy / "checkpoints" / "step-00000002"
+    (step2 / damaged).write_bytes((step2 / damaged).read_bytes()[:999])
+    _rewrite_manifest(step2, damaged)
+    line = _resume_error_line(step2, run_copy, overrides, tmp_path)
+    assert line.startswith(f"vlm-grpoma train: error: {step2 / damaged}: cannot be read ("), line
 
 
 def test_a_crash_between_the_renames_of_a_re_save_keeps_the_step(run_copy, make_config_module, monkeypatch):

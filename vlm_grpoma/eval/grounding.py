@@ -134,6 +134,7 @@ def main(args: argparse.Namespace) -> int:
     from vlm_grpoma.datasets.jsonl import RecordError, read_records
     from vlm_grpoma.errors import CommandError
     from vlm_grpoma.eval.loading import eval_config, load_for_eval, model_folder
+    from vlm_grpoma.models.record_checks import screen_records
 
     model_dir = model_folder(args.checkpoint)
     resolved = eval_config(model_dir, args.config, args.overrides)
@@ -157,11 +158,24 @@ def main(args: argparse.Namespace) -> int:
     samples = int(getattr(args, "samples", 1) or 1)
     loaded = load_for_eval(model_dir, config)
     print(f"model: {loaded.describe()}")
+    grounding = screen_records(
+        grounding,
+        loaded.adapter,
+        config.data.max_prompt_tokens,
+        source=f"data.eval_path {config.data.eval_path}",
+        skip_bad=config.data.skip_bad_records,
+    )
+    screened = {id(r) for r in grounding}
     for split in splits:
         in_split = [r for r in records if r.split == split]
-        chosen = [r for r in in_split if r.task in SCORERS]
+        chosen = [r for r in in_split if id(r) in screened]
+        manipulation = sum(r.task not in SCORERS for r in in_split)
+        unfit = len(in_split) - manipulation - len(chosen)  # left out by data.skip_bad_records
         if not chosen:
-            print(f"{split}: no grounding records ({len(in_split)} manipulation: use manip-eval)")
+            print(
+                f"{split}: no grounding records to score ({manipulation} manipulation: use manip-eval; "
+                f"{unfit} the model cannot take)"
+            )
             continue
         print(
             f"evaluating {len(chosen)} {split} records "
@@ -177,9 +191,11 @@ def main(args: argparse.Namespace) -> int:
             rollout=config.rollout,
             engine=loaded.rollout,
         )
-        if len(chosen) < len(in_split):
+        if manipulation:
+            report.notes.append(f"{manipulation} manipulation record(s) left out: use manip-eval")
+        if unfit:
             report.notes.append(
-                f"{len(in_split) - len(chosen)} manipulation record(s) left out: use manip-eval"
+                f"{unfit} record(s) the model cannot take left out (data.skip_bad_records): see the warning"
             )
         meta = {
             "checkpoint": str(model_dir),

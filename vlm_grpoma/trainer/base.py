@@ -21,6 +21,7 @@ from vlm_grpoma.datasets.jsonl import RecordError, read_records
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.distributed import init_distributed
 from vlm_grpoma.errors import ConfigError, DataError, DistributedError, UserError
+from vlm_grpoma.models.record_checks import screen_records
 from vlm_grpoma.models.registry import load_adapter
 from vlm_grpoma.trainer.checkpoint import (
     TrainerState,
@@ -35,7 +36,6 @@ from vlm_grpoma.trainer.collectives import collective, raise_on_every_rank
 from vlm_grpoma.trainer.data import PromptSampler
 from vlm_grpoma.trainer.engine import TrainingEngine, build_engine
 from vlm_grpoma.trainer.logging import MetricsLogger, reduce_metrics
-from vlm_grpoma.trainer.record_checks import screen_records
 from vlm_grpoma.trainer.run_dir import OutputLock, refuse_foreign_run, write_config
 
 log = logging.getLogger(__name__)

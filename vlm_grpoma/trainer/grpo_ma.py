@@ -31,6 +31,7 @@ from vlm_grpoma.algorithm.advantages import thought_values
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import ConfigError
+from vlm_grpoma.models.record_checks import screen_records
 from vlm_grpoma.rewards.registry import build_rewards
 from vlm_grpoma.rollout.backends import build_rollout_engine, logprob_mismatch
 from vlm_grpoma.rollout.engine import SamplingParams
@@ -40,7 +41,6 @@ from vlm_grpoma.trainer.evaluation import EvalSet, evaluate_sets, greedy_params,
 from vlm_grpoma.trainer.logging import reduce_metrics, sum_over_ranks
 from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
 from vlm_grpoma.trainer.packed import shared_prefix_log_probs
-from vlm_grpoma.trainer.record_checks import screen_records
 from vlm_grpoma.trainer.samples import completion_samples
 from vlm_grpoma.trainer.scoring import score_tree
 
