@@ -6,7 +6,7 @@ the answer advantage normalises R over all K·M rewards of the prompt. With M = 
 
 Statistics are computed in float64, and a thought's value sums its answers in sorted order, so thoughts whose
 answers hold the same rewards in another order get bit-equal values and a group of equal values gets exactly 0
-(in float32, permuted equal rewards reached |A| = 1.2e-3).
+(in float32, permuted equal rewards reached |A| = 1.8e-3 over 8,000 random groups of 8 thoughts).
 
 A reward without signal — NaN, ±inf, or beyond ``MAX_REWARD_MAGNITUDE`` in size, where float64 squares would
 overflow — is left out of its group's mean and std and its answer gets advantage 0. A thought's value is the
