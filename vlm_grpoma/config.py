@@ -5,7 +5,7 @@ model, dataset or process group is touched. Every error is one line that names t
 
 Each leaf field carries a ``#:`` doc line above it (what it does, unit and range, the TRL ``GRPOConfig`` /
 verl name where one exists) and, where a value can be out of range on its own, a rule in its metadata
-(:class:`Range`, :class:`NonBlank`) that one checker applies to every field. :func:`validate` keeps the rules
+(:class:`Range`, :class:`NonEmpty`) that one checker applies to every field. :func:`validate` keeps the rules
 that relate several fields. :func:`config_reference` lists every leaf key with its type, default, range and
 doc, for ``train --help`` and the config reference page.
 """
@@ -115,16 +115,16 @@ class Range:
 
 
 @dataclass(frozen=True)
-class NonBlank:
-    """A string that must hold more than whitespace; ``hint`` says what to put there."""
+class NonEmpty:
+    """A string with more than whitespace, or a mapping with an entry; ``message`` says what is missing."""
 
-    hint: str
+    message: str
 
     def allows(self, value: Any) -> bool:
-        return bool(str(value).strip())
+        return bool(value.strip() if isinstance(value, str) else value)
 
     def complaint(self, value: Any) -> str:
-        return f"is empty: {self.hint}"
+        return self.message
 
     def describe(self) -> str:
         return "non-empty"
@@ -324,7 +324,10 @@ class RewardConfig:
 
     #: reward name (built-in, or file.py:function) -> its finite weight in the total reward; at least one
     #: (TRL: reward_funcs + reward_weights; verl: custom_reward_function)
-    weights: dict[str, float] = field(default_factory=lambda: {"iou": 1.0, "format": 0.5})
+    weights: dict[str, float] = field(
+        default_factory=lambda: {"iou": 1.0, "format": 0.5},
+        metadata={_RULE: NonEmpty("needs at least one reward function")},
+    )
     #: constructor options per reward, e.g. {iou: {mode: giou}, manipulation: {workers: 2, timeout_s: 5}}
     options: dict[str, dict[str, bool | int | float | str]] = field(default_factory=dict)
 
@@ -408,7 +411,7 @@ class LoggingConfig:
     #: (TRL: output_dir; verl: trainer.default_local_dir)
     output_dir: str = checked(
         "runs/default",
-        NonBlank("name the folder that receives metrics and checkpoints, e.g. runs/my-run"),
+        NonEmpty("is empty: name the folder that receives metrics and checkpoints, e.g. runs/my-run"),
     )
     #: write metrics every this many steps, >= 1 (TRL: logging_steps)
     log_every: int = checked(1, Range(ge=1))
@@ -488,7 +491,7 @@ def _doc_lines(cls: type) -> dict[str, str]:
         if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
             above, row = [], statement.lineno - 2
             while row >= 0 and lines[row].strip().startswith("#:"):
-                above.insert(0, lines[row].strip().removeprefix("#:").strip())
+                above.insert(0, lines[row].strip().removeprefix("#:").strip().replace("``", "`"))
                 row -= 1
             docs[statement.target.id] = " ".join(above)
     return docs
@@ -665,9 +668,12 @@ _ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_y
 
 def _load_yaml(text: str, source: str) -> Any:
     """Parse YAML text with the config loader; any problem is one ConfigError line naming ``source``."""
-    loader = _ConfigLoader(text)
     try:
-        return loader.get_single_data()
+        loader = _ConfigLoader(text)  # its reader refuses control characters at once
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
     except _YAMLRefused as err:
         raise ConfigError(f"{source}: line {err.problem_mark.line + 1}: {err.problem}") from None
     except yaml.reader.ReaderError as err:
@@ -681,8 +687,6 @@ def _load_yaml(text: str, source: str) -> Any:
         raise ConfigError(
             f"{source}: not valid YAML{where}: {getattr(err, 'problem', None) or err}"
         ) from None
-    finally:
-        loader.dispose()
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
@@ -768,7 +772,7 @@ def _require(ok: bool, key: str, message: str) -> None:
 
 
 def check_fields(section: Any, prefix: str = "") -> None:
-    """Apply each field's own rule (its ``Range`` or ``NonBlank`` metadata), sections recursively."""
+    """Apply each field's own rule (its ``Range`` or ``NonEmpty`` metadata), sections recursively."""
     for f in dataclasses.fields(section):
         value, key = getattr(section, f.name), f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value):
@@ -811,7 +815,6 @@ def validate(config: Config, world_size: int | None = None) -> None:
         f"x rollout.answers_per_thought = {r.num_thoughts} x {r.answers_per_thought} = "
         f"{r.num_thoughts * r.answers_per_thought} answers per prompt; at most {MAX_ANSWERS_PER_PROMPT}",
     )
-    _require(bool(config.rewards.weights), "rewards.weights", "needs at least one reward function")
     for name in config.rewards.options:
         _require(
             name in config.rewards.weights,
