@@ -705,7 +705,8 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = _load_yaml(raw, key)
     except ConfigError as err:
-        raise ConfigError(f"{key}: cannot parse override value {_shown.repr(raw)}: {err}") from None
+        reason = str(err).removeprefix(f"{key}: ")
+        raise ConfigError(f"{key}: cannot parse override value {_shown.repr(raw)}: {reason}") from None
     return key.split("."), value
 
 
