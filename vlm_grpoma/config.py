@@ -287,6 +287,37 @@ class RolloutConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """Importance weights for the rollout/trainer log-prob mismatch (``vlm_grpoma/algorithm/rollout_correction.py``)."""
+
+    #: "tis": min(π_old/π_rollout, cap) per token (TRL vllm_importance_sampling_correction, token_truncate);
+    #: "mis": drop tokens (or segments) whose ratio leaves [1/cap, cap] (TRL *_mask modes); "none";
+    #: "auto": tis with the vllm backend, none with hf (its log-probs are the trainer's to float precision)
+    mode: Literal["auto", "none", "tis", "mis"] = "auto"
+    #: "token": each token's ratio; "sequence": one ratio per thought or answer segment, exp(Σ log ratio)
+    level: Literal["token", "sequence"] = "token"
+    #: the truncation / masking bound on the ratio, > 1 (TRL vllm_importance_sampling_cap)
+    cap: float = checked(2.0, Range(gt=1, cap=1e6))
+
+    def resolved_mode(self, backend: str) -> str:
+        """``mode`` with ``auto`` decided for the rollout backend."""
+        if self.mode != "auto":
+            return self.mode
+        return "none" if backend == "hf" else "tis"
+
+
+@dataclass
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling: drop prompts whose K·M rewards are all equal (no signal) and roll out more."""
+
+    #: on: refill each rank's share of the step with informative prompts (EasyR1/verl filter_groups)
+    enabled: bool = False
+    #: extra rollouts of fresh prompts per step at most, >= 1; after them the step trains on what it has
+    #: (verl: algorithm.filter_groups.max_num_gen_batches)
+    max_rounds: int = checked(3, Range(ge=1, cap=1000))
+
+
+@dataclass
 class AlgorithmConfig:
     """GRPO-MA advantages and the clipped policy objective (see ``vlm_grpoma/algorithm``)."""
 
@@ -316,6 +347,23 @@ class AlgorithmConfig:
     #: "k3": the per-token k3 estimator of KL(policy || reference) (TRL with use_bias_correction_kl=False);
     #: "k3_ratio": k3 times the importance ratio, differentiable (TRL's use_bias_correction_kl=True)
     kl_estimator: Literal["k3", "k3_ratio"] = "k3"
+    #: the logits the ratio, the reference KL and the rollout's recorded log-probs are taken from: "sampling"
+    #: divides them by rollout.temperature (TRL, verl); "raw" keeps them unscaled (this project before 2026-12)
+    logprob_temperature: Literal["sampling", "raw"] = "sampling"
+    #: the PPO ratio per token, or per thought/answer segment as GSPO defines it (TRL importance_sampling_level)
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    #: a thought's tokens counted once (GRPO-MA), M times (a naive K·M-sequence implementation) or √M times
+    #: (TreeRL's 1/√n weighting of a shared segment) — for matching another implementation's results
+    thought_weighting: Literal["once", "per_answer", "sqrt_answers"] = "once"
+    #: entropy bonus c >= 0: loss - c·H per trained token, with the tokens' loss weights (verl entropy_coeff)
+    entropy_coef: float = checked(0.0, Range(ge=0, cap=1e6))
+    #: train only this top fraction of each micro-batch's tokens by entropy, in (0, 1]; 1: every token
+    #: ("forking tokens"; TRL top_entropy_quantile)
+    top_entropy_fraction: float = checked(1.0, Range(gt=0, le=1))
+    #: importance weights for the rollout/trainer log-prob mismatch
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    #: drop constant-reward prompts and refill the step (DAPO)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
 
 
 @dataclass
@@ -537,6 +585,19 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+#: choices a peer names differently (TRL's loss_type, importance_sampling_level): the advice a refusal gives
+PEER_CHOICES: dict[str, dict[str, str]] = {
+    "algorithm.loss_aggregation": {
+        "grpo": "TRL's loss_type 'grpo' is seq_mean_token_mean here",
+        "dapo": "TRL's loss_type 'dapo' is token_mean here",
+        "dr_grpo": "TRL's loss_type 'dr_grpo' is seq_mean_token_sum_norm here",
+        "bnpo": "TRL's loss_type 'bnpo' normalises each micro-batch by its own token count, so its gradient "
+        "depends on the micro-batching, which this trainer rules out; token_mean equals it without gradient "
+        "accumulation (and equals TRL's dapo with it)",
+    },
+}
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against the annotation ``tp`` and return it (ints widen to float)."""
     origin = typing.get_origin(tp)
@@ -548,7 +609,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is Literal:
         allowed = typing.get_args(tp)
         if value not in allowed or isinstance(value, bool) != any(isinstance(a, bool) for a in allowed):
-            raise ConfigError(f"{key}: must be {_type_name(tp)}, got {shown}")
+            advice = PEER_CHOICES.get(key, {}).get(value) if isinstance(value, str) else None
+            raise ConfigError(
+                f"{key}: must be {_type_name(tp)}, got {shown}" + (f" ({advice})" if advice else "")
+            )
         return value
     if origin in (Union, types.UnionType):
         for option in typing.get_args(tp):
