@@ -14,6 +14,11 @@ mean of its usable answers; a thought with none is left out of the thought stati
 TRL's GRPOTrainer (1.16: ``nanmean`` / ``nanstd`` per group, then ``nan_to_num(nan=0)``) leaves out only NaN
 (a reward function returning None): there an ±inf reward makes its group's mean infinite and every advantage of
 that group 0. We leave out ±inf (and overflowing rewards) like NaN, so one bad answer costs that answer only.
+
+Unequal answers per thought (adaptive allocation, ``algorithm/allocation.py``) come as a padded M dimension with
+an ``answer_mask [B, K, M]``: an absent answer is left out exactly like an unusable one, so a thought's value is
+the mean of its own present answers, the answer advantage normalises over all present answers of the prompt, and
+absent answers get advantage 0. Without a mask, or with an all-True one, the result is bit-identical.
 """
 
 from __future__ import annotations
@@ -59,14 +64,22 @@ def group_normalise(
 
 
 def grpo_ma_advantages(
-    rewards: torch.Tensor, *, scale: AdvantageScale = "std", eps: float = 1e-4
+    rewards: torch.Tensor,
+    *,
+    scale: AdvantageScale = "std",
+    eps: float = 1e-4,
+    answer_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(thought_adv [B, K], answer_adv [B, K, M])`` for rewards ``[B, K, M]`` (unusable: no signal),
-    in the rewards' floating dtype (float32 for integer rewards)."""
+    in the rewards' floating dtype (float32 for integer rewards); ``answer_mask`` (bool ``[B, K, M]``) marks
+    the present answers of a ragged tree (module docstring)."""
     if rewards.dim() != 3:
         raise ValueError(f"rewards must have shape [B, K, M], got {tuple(rewards.shape)}")
     if not rewards.is_floating_point():
         rewards = rewards.float()
+    if answer_mask is not None:
+        check_answer_mask(answer_mask, rewards.shape)
+        rewards = rewards.where(answer_mask, torch.nan)
     batch, thoughts, answers = rewards.shape
     values = thought_values(rewards)
     thought_adv = group_normalise(values, scale=scale, eps=eps).to(rewards.dtype)
@@ -82,3 +95,12 @@ def thought_values(rewards: torch.Tensor) -> torch.Tensor:
     total = x.where(usable, 0.0).sort(dim=-1).values.sum(dim=-1)
     count = usable.sum(dim=-1)
     return (total / count.clamp(min=1)).where(count > 0, torch.nan)
+
+
+def check_answer_mask(answer_mask: torch.Tensor, shape: torch.Size) -> None:
+    """Raise ``ValueError`` unless ``answer_mask`` is a bool tensor of the rewards' ``[B, K, M]`` shape."""
+    if answer_mask.dtype != torch.bool or answer_mask.shape != shape:
+        raise ValueError(
+            f"answer_mask must be a bool tensor of shape {tuple(shape)}, got {answer_mask.dtype} "
+            f"{tuple(answer_mask.shape)}"
+        )

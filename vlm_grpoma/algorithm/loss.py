@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vlm_grpoma.algorithm.advantages import check_answer_mask
 from vlm_grpoma.algorithm.registry import Registry
 
 #: path normaliser [B, K, M] of each aggregation, from the path lengths (float64) and the completion budget
@@ -98,6 +99,7 @@ def grpo_ma_token_weights(
     thought_loss_weight: float = 1.0,
     max_completion_tokens: int | None = None,
     thought_weighting: str = "once",
+    answer_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token weights ``(thought [B, K], answer [B, K, M])`` for one optimizer batch of B prompts.
 
@@ -105,6 +107,9 @@ def grpo_ma_token_weights(
     are float64 (cast to the log-prob dtype in :func:`policy_loss`). Under data parallelism each rank passes its
     own batch, so ``token_mean`` normalises by that rank's mean path length (DAPO normalises by the global
     batch; the two agree when ranks' mean lengths do).
+
+    ``answer_mask`` (bool ``[B, K, M]``) marks the present answers of a ragged tree (M_k answers for thought k):
+    see :func:`_ragged_token_weights`. ``None`` or all-True gives exactly the uniform weights.
     """
     if (
         thought_lengths.dim() != 2
@@ -117,10 +122,53 @@ def grpo_ma_token_weights(
         )
     batch, thoughts, answers = answer_lengths.shape
     path_lengths = (thought_lengths.unsqueeze(-1) + answer_lengths).double().clamp(min=1.0)
+    if answer_mask is not None:
+        check_answer_mask(answer_mask, answer_lengths.shape)
+        if not bool(answer_mask.all()):
+            return _ragged_token_weights(
+                path_lengths,
+                answer_mask,
+                aggregation=aggregation,
+                thought_loss_weight=thought_loss_weight,
+                max_completion_tokens=max_completion_tokens,
+                thought_weighting=thought_weighting,
+            )
     path_norm = AGGREGATIONS[aggregation](path_lengths, max_completion_tokens)
     thought_loss_weight *= THOUGHT_WEIGHTINGS[thought_weighting](answers)
     thought_weights = thought_loss_weight * path_norm.mean(dim=-1) / (batch * thoughts)
     answer_weights = path_norm / (batch * thoughts * answers)
+    return thought_weights, answer_weights
+
+
+def _ragged_token_weights(
+    path_lengths: torch.Tensor,
+    answer_mask: torch.Tensor,
+    *,
+    aggregation: str,
+    thought_loss_weight: float,
+    max_completion_tokens: int | None,
+    thought_weighting: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token weights of a ragged tree: ``λ·w(M_k)·(1/K)·J(thought_k) + (1/K)·Σ_k (1/M_k)·Σ_m J(answer_km)``.
+
+    Each thought counts once, with the mean of its M_k present path normalisers; each thought's answers share
+    one thought's worth of weight (``1/(K·M_k)`` each, ``1/(K·M)`` when all M_k are equal), so a thought given
+    more answers by the allocation (which depends on its first rewards) does not weigh more in the answer
+    gradient. Absent paths take the present paths' mean length before aggregating (a batch-level normaliser
+    such as ``token_mean`` then sees only present paths) and get weight 0, as does a thought without answers.
+    """
+    batch, thoughts, answers = path_lengths.shape
+    present_mean = path_lengths[answer_mask].mean() if bool(answer_mask.any()) else path_lengths.new_ones(())
+    path_norm = AGGREGATIONS[aggregation](
+        path_lengths.where(answer_mask, present_mean), max_completion_tokens
+    )
+    path_norm = path_norm.where(answer_mask, 0.0)
+    counts = answer_mask.sum(dim=-1)
+    weighting = THOUGHT_WEIGHTINGS[thought_weighting]
+    factors = torch.tensor([weighting(m) for m in range(answers + 1)], dtype=torch.float64)[counts]
+    per_thought = counts.double().clamp(min=1.0)
+    thought_weights = thought_loss_weight * factors * path_norm.sum(dim=-1) / per_thought / (batch * thoughts)
+    answer_weights = path_norm / (per_thought.unsqueeze(-1) * (batch * thoughts))
     return thought_weights, answer_weights
 
 
