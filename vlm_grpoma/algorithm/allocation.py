@@ -60,17 +60,30 @@ def neyman_allocation(
             f"first_rewards must have shape [B, K, first] with at least 2 first answers per thought, got "
             f"{tuple(first_rewards.shape)}"
         )
-    batch, thoughts, first = first_rewards.shape
-    low = max(first, min_per_thought)
-    if not thoughts * low <= budget <= thoughts * max_per_thought:
+    return allocate_answers(
+        shrunk_reward_variance(first_rewards, prior_dof=prior_dof),
+        budget=budget,
+        min_per_thought=max(first_rewards.shape[-1], min_per_thought),
+        max_per_thought=max_per_thought,
+    )
+
+
+def allocate_answers(
+    variance: torch.Tensor, *, budget: int, min_per_thought: int, max_per_thought: int
+) -> torch.Tensor:
+    """``[B, K]`` int64 integer minimiser of ``Σ_k variance_k / M_k`` with ``Σ_k M_k = budget`` within the
+    bounds, greedily with the module docstring's tie-break (for known spreads: Neyman's allocation)."""
+    batch, thoughts = variance.shape
+    if not thoughts * min_per_thought <= budget <= thoughts * max_per_thought:
         raise ValueError(
-            f"budget {budget} cannot be split over {thoughts} thoughts with {low}..{max_per_thought} answers each"
+            f"budget {budget} cannot be split over {thoughts} thoughts with {min_per_thought}..{max_per_thought} "
+            "answers each"
         )
-    variance = shrunk_reward_variance(first_rewards, prior_dof=prior_dof)
-    counts = torch.full((batch, thoughts), low, dtype=torch.int64)
+    variance = variance.double()
+    counts = torch.full((batch, thoughts), min_per_thought, dtype=torch.int64)
     rows = torch.arange(batch)
     order = torch.arange(thoughts, dtype=torch.float64)
-    for _ in range(budget - thoughts * low):
+    for _ in range(budget - thoughts * min_per_thought):
         gain = variance / (counts * (counts + 1)).double()
         gain = gain.masked_fill(counts >= max_per_thought, -torch.inf)
         best = gain.amax(dim=-1, keepdim=True)
