@@ -143,14 +143,16 @@ def test_estimator_matches_direct_resampling_of_answers():
     assert estimate == pytest.approx(direct, rel=0.08)
 
 
-def test_variance_benchmark_prints_the_table():
+def test_variance_benchmark_prints_the_tables():
     out = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "variance.py"), "--tagged", "12", "--replicates", "24"],
+        [sys.executable, str(REPO / "benchmarks" / "variance.py"), "--sets", "12", "--replicates", "24"],
         capture_output=True,
         text=True,
         timeout=300,
         check=True,
     ).stdout
-    rows = [line for line in out.splitlines() if line.split("|")[0].strip().isdigit()]
-    assert [int(r.split("|")[0]) for r in rows] == [1, 2, 4, 8, 16]
-    assert all(len(r.split("|")) == 9 for r in rows)
+    conditional, resampled = (out.split(heading)[1].split("\n\n")[0] for heading in ("(1a)", "(1b)"))
+    for table in (conditional, resampled):
+        rows = [line for line in table.splitlines() if line.split("|")[0].strip().isdigit()]
+        assert [int(r.split("|")[0]) for r in rows] == [1, 2, 4, 8, 16]
+        assert all(len(r.split("|")) == 7 for r in rows)  # M, K = 2, 4, 8, 16, 64, the limit
