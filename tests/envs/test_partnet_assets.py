@@ -214,10 +214,10 @@ def test_quirky_asset_runs_manipllm_episodes(quirky):
 
 
 def test_prepare_urdf_gives_visual_only_links_collisions_and_absolute_paths(quirky):
-    text = prepare_urdf(QUIRKY_URDF, render=True, folder=quirky)
+    text = prepare_urdf(QUIRKY_URDF, render=True, path=quirky / "mobility.urdf")
     assert text.count("<collision") == QUIRKY_URDF.count("<collision") + 1  # the handle's visual
     assert f'filename="{quirky / "textured_objs" / "handle.obj"}"' in text
-    physics = prepare_urdf(QUIRKY_URDF, render=False, folder=quirky)
+    physics = prepare_urdf(QUIRKY_URDF, render=False, path=quirky / "mobility.urdf")
     assert "<visual" not in physics and physics.count("<collision") == text.count("<collision")
 
 
