@@ -104,16 +104,16 @@ def to_urdf(obj: ArticulatedObject) -> str:
 
 def resolve_asset_path(name: str, urdf: Path) -> Path:
     """A URDF mesh or texture path as a file inside the URDF's folder: relative to it, or for ``package://``
-    names the first match in the folder or its parent (the folder being the package, as ROS tools resolve
-    them); DataError naming the URDF and the path when it leads out of the folder."""
+    names the first match in the folder or one of its parents (as ROS tools resolve them), which must lie in
+    the folder (the folder being the package); DataError naming the URDF and the path when it leads out."""
     folder = Path(urdf).parent.resolve()
     package = name.startswith("package://")
     relative = name[len("package://") :] if package else name
-    candidates = [folder / relative] + ([folder.parent / relative] if package else [])
-    inside = [path for path in candidates if path.resolve().is_relative_to(folder)]
-    if not inside:
+    candidates = [base / relative for base in ((folder, *folder.parents) if package else (folder,))]
+    found = next((path for path in candidates if path.is_file()), candidates[0])  # stat only, nothing read
+    if not found.resolve().is_relative_to(folder):
         raise DataError(f"{urdf}: mesh path {name!r} leads out of the asset folder {folder}")
-    return next((path for path in inside if path.is_file()), inside[0])
+    return found
 
 
 def prepare_urdf(urdf: str, *, render: bool, path: Path | None = None) -> str:
