@@ -186,8 +186,9 @@ def _inspect(path: str) -> list[Any]:
     try:
         with Image.open(path) as img:
             width, height = img.size
-            if _depth_problem(img) is not None:
-                return [_depth_problem(img)]
+            depth = _depth_problem(img)
+            if depth is not None:
+                return [depth]
             if width * height > MAX_IMAGE_PIXELS:
                 return [f"{width}x{height} is {width * height} pixels, more than {MAX_IMAGE_PIXELS}"]
             if img.format == "JPEG":  # decode at 1/8 scale: the whole stream is read, 20x less work

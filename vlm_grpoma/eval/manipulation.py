@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from collections import Counter, defaultdict
 from dataclasses import replace
@@ -327,9 +328,13 @@ def main(args: argparse.Namespace) -> int:
 
 
 def write_results(out: Path, result: dict) -> None:
-    """The result JSON at ``out`` and its Markdown table beside it (``.md``)."""
-    try:
-        out.write_text(json.dumps(result, indent=2))
-        out.with_suffix(".md").write_text(success_table(result))
-    except OSError as err:
-        raise StorageError(f"--out {out}: cannot write the results ({err.strerror or err})") from None
+    """The result JSON at ``out`` and its Markdown table beside it (``.md``), each replaced whole (a failed
+    write leaves the previous file, never half of one)."""
+    for path, text in ((out, json.dumps(result, indent=2)), (out.with_suffix(".md"), success_table(result))):
+        partial = path.with_name(f".{path.name}.partial")
+        try:
+            partial.write_text(text)
+            os.replace(partial, path)
+        except OSError as err:
+            partial.unlink(missing_ok=True)
+            raise StorageError(f"--out {out}: cannot write the results ({err.strerror or err})") from None

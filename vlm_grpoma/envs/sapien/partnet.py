@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import xml.etree.ElementTree as ET
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,22 +59,24 @@ def _load_json(path: Path):
         raise DataError(f"{path}: not valid JSON ({err})") from None
 
 
-def _obj_problem(text: str) -> str | None:
+def _obj_problem(lines: Iterable[str]) -> str | None:
+    """Why OBJ text is no mesh: a malformed vertex, or fewer than 3 vertices or no face (read until both)."""
     vertices = faces = 0
-    for line in text.splitlines():
+    for line in lines:
         fields = line.split()
         if fields[:1] == ["v"]:
             try:
-                if len(fields) < 4 or not all(math.isfinite(float(v)) for v in fields[1:4]):
-                    return f"vertex line {line.strip()[:40]!r} is not 'v x y z' with finite numbers"
+                finite = len(fields) >= 4 and all(math.isfinite(float(v)) for v in fields[1:4])
             except ValueError:
-                return f"vertex line {line.strip()[:40]!r} is not 'v x y z' with numbers"
+                finite = False
+            if not finite:
+                return f"an OBJ whose vertex line {line.strip()[:40]!r} is not 'v x y z' with finite numbers"
             vertices += 1
         elif fields[:1] == ["f"]:
             faces += 1
-    if vertices < 3 or not faces:
-        return f"an OBJ with {vertices} vertices and {faces} faces (not a mesh)"
-    return None
+        if vertices >= 3 and faces:
+            return None
+    return f"an OBJ with {vertices} vertices and {faces} faces (not a mesh)"
 
 
 def _stl_problem(data: bytes) -> str | None:
@@ -87,22 +90,22 @@ def _stl_problem(data: bytes) -> str | None:
 
 def mesh_problem(file: Path) -> str | None:
     """Why the physics engine or renderer could not read ``file`` as a mesh (OBJ and STL parsed; other formats
-    must be a non-empty regular file), else None."""
+    must be a non-empty regular file), else None. A regular file only is opened (a FIFO would block)."""
     if not file.exists():
         return "missing"
     if not file.is_file():
         return "not a regular file"
     try:
-        data = file.read_bytes()
+        if file.stat().st_size == 0:
+            return "empty"
+        suffix = file.suffix.lower()
+        if suffix == ".obj":
+            with file.open(encoding="utf-8", errors="replace") as lines:
+                return _obj_problem(lines)
+        if suffix == ".stl":
+            return _stl_problem(file.read_bytes())
     except OSError as err:
         return f"unreadable ({err.strerror or err})"
-    if not data:
-        return "empty"
-    suffix = file.suffix.lower()
-    if suffix == ".obj":
-        return _obj_problem(data.decode("utf-8", errors="replace"))
-    if suffix == ".stl":
-        return _stl_problem(data)
     return None
 
 
