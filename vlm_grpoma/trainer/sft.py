@@ -97,7 +97,7 @@ class SFTTrainer(Trainer):
         loss_sum = 0.0
         for first in range(0, len(records), size):
             rows = list(range(first, min(first + size, len(records))))
-            logp = completion_log_probs(
+            logp, _ = completion_log_probs(
                 self.engine.deepspeed, prompts, rows, [targets[i] for i in rows], self.adapter.tokens
             )
             loss = -logp.sum() / total_tokens
