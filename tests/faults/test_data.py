@@ -295,14 +295,17 @@ def test_a_16_bit_greyscale_png_keeps_its_levels_in_check_data_and_training(shap
     assert pixels.min() == 0 and pixels.max() == round(64491 / 257) and pixels.std() > 50
 
 
-def test_32_bit_and_float_pixels_are_refused_alike_by_check_data_and_training(shapes_path, tmp_path):
+@pytest.mark.parametrize("dtype,kind", [("int32", "integer (mode I)"), ("float32", "float (mode F)")])
+def test_32_bit_and_float_pixels_are_refused_alike_by_check_data_and_training(
+    shapes_path, tmp_path, dtype, kind
+):
     import numpy as np
 
     from vlm_grpoma.datasets.check import check_records
 
-    Image.fromarray(np.full((48, 64), 70000, dtype=np.int32)).save(tmp_path / "wide.tif")
+    Image.fromarray(np.full((48, 64), 70000, dtype=dtype)).save(tmp_path / "wide.tif")
     data, rid = _with_image(shapes_path, tmp_path, tmp_path / "wide.tif", (64, 48))
-    problem = "has 32-bit integer pixels (mode I); save it as 8-bit"
+    problem = f"has 32-bit {kind.replace(' (', ' pixels (')}; save it as 8-bit"
     [checked] = check_records([data]).errors
     assert checked.startswith(f"{data}:2: record {rid}: ") and problem in checked
     with pytest.raises(RecordError) as caught:
