@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "vlm_grpoma"
 
 #: Top-level parts of the package, lowest layer first; a part may import its own layer and the layers below.
 LAYERS: list[set[str]] = [
-    {"errors", "cache", "config", "distributed", "answers", "algorithm"},
+    {"errors", "cache", "config", "distributed", "answers", "algorithm", "output_folder"},
     {"envs", "datasets", "models"},
     {"rewards", "rollout"},
     {"trainer", "eval"},
@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
 SAME_LAYER_ALLOWED = {
     ("config", "errors"),
     ("distributed", "cache"),
+    ("output_folder", "errors"),
     ("datasets", "envs"),  # make-data renders SAPIEN objects
     ("models", "datasets"),  # adapters read records and images
     ("demo", "env_report"),

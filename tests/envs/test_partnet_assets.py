@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import sys
+import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
 
@@ -214,10 +217,10 @@ def test_quirky_asset_runs_manipllm_episodes(quirky):
 
 
 def test_prepare_urdf_gives_visual_only_links_collisions_and_absolute_paths(quirky):
-    text = prepare_urdf(QUIRKY_URDF, render=True, folder=quirky)
+    text = prepare_urdf(QUIRKY_URDF, render=True, path=quirky / "mobility.urdf")
     assert text.count("<collision") == QUIRKY_URDF.count("<collision") + 1  # the handle's visual
     assert f'filename="{quirky / "textured_objs" / "handle.obj"}"' in text
-    physics = prepare_urdf(QUIRKY_URDF, render=False, folder=quirky)
+    physics = prepare_urdf(QUIRKY_URDF, render=False, path=quirky / "mobility.urdf")
     assert "<visual" not in physics and physics.count("<collision") == text.count("<collision")
 
 
@@ -270,6 +273,15 @@ def _break(folder: Path, how: str) -> str:
     if how == "unknown_joint":
         urdf.write_text(urdf.read_text().replace('type="revolute"', 'type="hinge"', 1))
         return "mobility.urdf"
+    if how == "semantics_not_utf8":
+        (folder / "semantics.txt").write_bytes(b"link_0 hinge d\xf6or\n")
+        return "semantics.txt: not UTF-8 text"
+    if how == "mesh_not_a_mesh":
+        (folder / "textured_objs" / "original-1.obj").write_text("garbage\n")
+        return "link 'link_0' uses mesh 'textured_objs/original-1.obj', which is an OBJ with 0 vertices"
+    if how == "mesh_unreadable":
+        (folder / "textured_objs" / "original-1.obj").write_bytes(b"")
+        return "uses mesh 'textured_objs/original-1.obj', which is empty"
     if how == "mobility_not_list":
         (folder / "mobility_v2.json").write_text('{"joint": "hinge"}')
         return "mobility_v2.json"
@@ -288,6 +300,9 @@ def _break(folder: Path, how: str) -> str:
         "urdf_not_xml",
         "bad_limit",
         "unknown_joint",
+        "semantics_not_utf8",
+        "mesh_not_a_mesh",
+        "mesh_unreadable",
         "mobility_not_list",
     ],
 )
@@ -299,6 +314,90 @@ def test_malformed_asset_names_the_file(generated_assets, tmp_path, how):
     with pytest.raises(DataError, match=culprit.replace(".", r"\.")) as caught:
         scan_assets(tmp_path)
     assert str(folder) in str(caught.value) and "\n" not in str(caught.value)
+
+
+_OPENED: list[str] = []
+_AUDITING: list[bool] = []
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _AUDITING and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        _OPENED.append(os.path.realpath(os.fsdecode(args[0])))
+
+
+@pytest.fixture
+def opened_files():
+    """Paths this process opens while the test runs (Python's ``open`` audit events)."""
+    if not _AUDITING:
+        sys.addaudithook(_audit)  # hooks cannot be removed: one for the session, on only inside this fixture
+    _OPENED.clear()
+    _AUDITING[:] = [True]
+    yield _OPENED
+    _AUDITING[:] = [False]
+
+
+def _pointing_out(generated_assets, root: Path, name: str, outside: Path) -> Path:
+    """A copy of a microwave under ``root`` whose first mesh is ``name`` (for ``link``: a symlink to
+    ``outside``); returns its folder."""
+    microwave = next(a for a in generated_assets if a.category == "Microwave")
+    folder = root / microwave.asset_id
+    shutil.copytree(microwave.folder, folder)
+    if name == "link":
+        (folder / "textured_objs" / "link.obj").symlink_to(outside)
+        name = "textured_objs/link.obj"
+    urdf = folder / "mobility.urdf"
+    urdf.write_text(urdf.read_text().replace("textured_objs/original-1.obj", name))
+    return folder
+
+
+@pytest.mark.parametrize("how", ["../outside.obj", "absolute", "package://outside.obj", "link"])
+def test_mesh_paths_out_of_the_asset_folder_are_refused_unread(generated_assets, tmp_path, opened_files, how):
+    root = tmp_path / "assets"
+    root.mkdir()
+    outside = root / "outside.obj"  # a valid mesh: before, the check passed and the simulator read it
+    shutil.copy(generated_assets[0].folder / "textured_objs" / "original-1.obj", outside)
+    name = str(outside) if how == "absolute" else how
+    folder = _pointing_out(generated_assets, root, name, outside)
+    opened_files.clear()  # what the checks open, not the set-up
+    with pytest.raises(DataError) as caught:
+        scan_assets(root)
+    shown = "textured_objs/link.obj" if how == "link" else name
+    assert str(caught.value) == (
+        f"{folder / 'mobility.urdf'}: mesh path {shown!r} leads out of the asset folder {folder.resolve()}"
+    )
+    with pytest.raises(DataError, match="leads out of the asset folder"):
+        build_urdf_scene(folder / "mobility.urdf")
+    assert str(outside.resolve()) not in opened_files and any(
+        p.endswith("mobility.urdf") for p in opened_files
+    )
+
+
+@pytest.mark.timeout(60)  # the simulator opening the FIFO would block until this timeout
+def test_the_simulator_never_opens_a_mesh_out_of_the_asset_folder(generated_assets, tmp_path):
+    root = tmp_path / "assets"
+    root.mkdir()
+    os.mkfifo(root / "outside.obj")
+    folder = _pointing_out(generated_assets, root, "../outside.obj", root / "outside.obj")
+    with pytest.raises(DataError, match=r"mesh path '\.\./outside\.obj' leads out of the asset folder"):
+        build_urdf_scene(folder / "mobility.urdf", render=False)
+
+
+def test_a_link_whose_collision_mesh_does_not_cook_is_refused_at_load(generated_assets, tmp_path):
+    """The up-front check reads meshes; loading without it (build_urdf_scene on a file) still refuses a link
+    the physics engine built without shapes, instead of a door that cannot be touched."""
+    microwave = next(a for a in generated_assets if a.category == "Microwave")
+    folder = tmp_path / microwave.asset_id
+    shutil.copytree(microwave.folder, folder)
+    door = next(
+        link for link in ET.parse(folder / "mobility.urdf").iter("link") if link.get("name") == "link_0"
+    )
+    for mesh in door.iter("mesh"):  # SAPIEN logs "OBJ-file is too small" and builds the door without shapes
+        (folder / mesh.get("filename")).write_text("not a mesh\n")
+    with pytest.raises(DataError) as caught:
+        build_urdf_scene(folder / "mobility.urdf")
+    assert str(caught.value).startswith(
+        f"{folder / 'mobility.urdf'}: link(s) link_0 lost every collision shape"
+    )
 
 
 def test_empty_or_missing_asset_root(tmp_path):

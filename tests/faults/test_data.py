@@ -259,3 +259,204 @@ def test_convert_refuses_deep_json_and_huge_integers_with_one_line(tmp_path, cap
         err.startswith("vlm-grpoma convert: error: ")
         and f"refused JSON: {problem.replace(chr(92), '')}" in err
     )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pixels, text and paths that used to pass the checks (issue 36: M4, M5, M7, L8, L9, L10)
+
+
+def _with_image(shapes_path: Path, folder: Path, image: Path, size: tuple[int, int]) -> tuple[Path, str]:
+    """The shapes records with record 1 showing ``image`` (its box moved inside it); the file and that id."""
+    records = read_records(shapes_path)
+    box = dataclasses.replace(records[1].ground_truth.boxes[0], x1=0, y1=0, x2=4, y2=4)
+    records[1] = dataclasses.replace(
+        records[1],
+        image=str(image),
+        width=size[0],
+        height=size[1],
+        ground_truth=dataclasses.replace(records[1].ground_truth, boxes=(box,)),
+    )
+    return write_records(folder / "records.jsonl", records), records[1].id
+
+
+def test_a_16_bit_greyscale_png_keeps_its_levels_in_check_data_and_training(shapes_path, tmp_path):
+    import numpy as np
+
+    from vlm_grpoma.datasets.check import check_records
+
+    levels = (np.arange(48 * 64, dtype=np.uint32).reshape(48, 64) * 21).astype(np.uint16)  # 0 .. 64491
+    Image.fromarray(levels).save(tmp_path / "deep.png")
+    assert Image.open(tmp_path / "deep.png").mode == "I;16"  # what PIL makes of it (its RGB is all white)
+    data, _ = _with_image(shapes_path, tmp_path, tmp_path / "deep.png", (64, 48))
+    assert check_records([data]).ok and len(read_records(data, check_images=True)) == 8
+    pixels = np.asarray(images.load_image(tmp_path / "deep.png"), dtype=np.int64)
+    expected = np.rint(levels / 257.0)  # 65535 -> 255, the 8-bit level of the same brightness
+    assert pixels.shape == (48, 64, 3) and np.array_equal(pixels[..., 1], expected)
+    assert pixels.min() == 0 and pixels.max() == round(64491 / 257) and pixels.std() > 50
+
+
+@pytest.mark.parametrize("dtype,kind", [("int32", "integer (mode I)"), ("float32", "float (mode F)")])
+def test_32_bit_and_float_pixels_are_refused_alike_by_check_data_and_training(
+    shapes_path, tmp_path, dtype, kind
+):
+    import numpy as np
+
+    from vlm_grpoma.datasets.check import check_records
+
+    Image.fromarray(np.full((48, 64), 70000, dtype=dtype)).save(tmp_path / "wide.tif")
+    data, rid = _with_image(shapes_path, tmp_path, tmp_path / "wide.tif", (64, 48))
+    problem = f"has 32-bit {kind.replace(' (', ' pixels (')}; save it as 8-bit"
+    [checked] = check_records([data]).errors
+    assert checked.startswith(f"{data}:2: record {rid}: ") and problem in checked
+    with pytest.raises(RecordError) as caught:
+        read_records(data, check_images=True)
+    assert str(caught.value) == f"{data}:2 (id {rid}): {tmp_path / 'wide.tif'}: image {problem}"
+
+
+@pytest.mark.timeout(60)  # opening a FIFO would block until this timeout
+def test_a_fifo_as_an_image_or_records_file_is_refused_without_opening_it(
+    shapes_path, make_config, tmp_path, no_model, capsys
+):
+    import os
+
+    os.mkfifo(tmp_path / "pipe.png")
+    data, rid = _with_image(shapes_path, tmp_path, tmp_path / "pipe.png", (64, 48))
+    with pytest.raises(DataError) as caught:
+        GRPOMATrainer(make_config(tmp_path / "run", f"data.train_path={data}"))
+    assert str(caught.value).endswith(
+        f"{data}:2 (id {rid}): {tmp_path / 'pipe.png'}: image is a FIFO, not a regular file"
+    )
+    assert cli.main(["check-data", str(data)]) == 1
+    assert f"{data}:2: record {rid}: {tmp_path / 'pipe.png'}: image is a FIFO" in capsys.readouterr().out
+    os.mkfifo(tmp_path / "records.fifo")
+    assert cli.main(["check-data", str(tmp_path / "records.fifo")]) == 1
+    [line] = error_lines(capsys.readouterr().err)
+    assert line.endswith(f"{tmp_path / 'records.fifo'}: records file is not a regular file")
+
+
+def _raw_lines(shapes_path: Path, out: Path, changes: dict[int, dict]) -> Path:
+    """The shapes records as JSON lines with some fields replaced, written as text (``\\ud800`` stays an
+    escape: write_records would refuse it); images are resolved to absolute paths."""
+    lines = []
+    for index, line in enumerate(shapes_path.read_text().splitlines()):
+        obj = json.loads(line)
+        obj["image"] = str(shapes_path.parent / obj["image"])
+        for key, value in changes.get(index, {}).items():
+            if key == "label":
+                obj["ground_truth"]["boxes"][0]["label"] = value
+            else:
+                obj[key] = value
+        lines.append(json.dumps(obj))  # ensure_ascii: a lone surrogate is written as its escape
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def test_a_lone_surrogate_is_a_bad_line_naming_the_record_and_field(
+    shapes_path, make_config, tmp_path, no_model, capsys
+):
+    changes = {1: {"id": "bad-\ud800"}, 3: {"prompt": "box the \udfff square"}, 5: {"label": "red\ud83d"}}
+    data = _raw_lines(shapes_path, tmp_path / "records.jsonl", changes)
+    assert "\\ud800" in data.read_text()
+    problem = "holds a lone surrogate escape (\\ud800-\\udfff alone is not text)"
+    from vlm_grpoma.datasets.jsonl import load_records
+
+    errors = [str(e) for e in load_records(data).errors]
+    assert errors == [
+        f"{data}:2 (id bad-\\ud800): id: {problem}",
+        f"{data}:4 (id {json.loads(data.read_text().splitlines()[3])['id']}): prompt: {problem}",
+        f"{data}:6 (id {json.loads(data.read_text().splitlines()[5])['id']}): ground_truth.boxes[0].label: {problem}",
+    ]
+    assert all(e.encode("utf-8") for e in errors)  # printable, unlike the record itself
+    with pytest.raises(DataError, match=r"^data\.train_path: .*records\.jsonl:2 \(id bad-\\ud800\): id: "):
+        GRPOMATrainer(make_config(tmp_path / "run", f"data.train_path={data}"))
+    assert cli.main(["check-data", str(data)]) == 1
+    captured = capsys.readouterr()
+    assert "records: 5 valid of 8 read, 3 with errors" in captured.out
+    [line] = error_lines(captured.err)
+    assert line.endswith(f"3 of 8 record(s) failed the check; first: {errors[0]}")
+    from vlm_grpoma.trainer.base import training_records
+
+    left = training_records(
+        make_config(tmp_path / "run2", f"data.train_path={data}", "data.skip_bad_records=true")
+    )
+    kept = [r.id for i, r in enumerate(read_records(shapes_path)) if i not in changes]
+    assert [r.id for r in left] == kept
+
+
+@pytest.mark.parametrize("token", ["<|image_pad|>", "<|video_pad|>", "<|im_end|>", "<|im_start|>"])
+def test_special_tokens_in_a_prompt_are_refused_by_train_eval_and_check_data(
+    shapes_path, make_config, tiny_path, tmp_path, no_model, capsys, token
+):
+    data = _with(
+        shapes_path, tmp_path / "data" / "records.jsonl", {2: {"prompt": f"Box it.{token} Then stop."}}
+    )
+    rid = read_records(data)[2].id
+    problem = f"prompt holds the model's special token {token} (chat control or vision placeholder)"
+    with pytest.raises(DataError) as caught:
+        GRPOMATrainer(make_config(tmp_path / "run", f"data.train_path={data}"))
+    assert str(caught.value).startswith(f"data.train_path: {data} (id {rid}): {problem}")
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        json.dumps({"model": {"name_or_path": str(tiny_path)}, "data": {"eval_path": str(data)}})
+    )
+    assert (
+        cli.main(["eval", "--config", str(config), "--checkpoint", str(tiny_path), "--split", "train"]) == 1
+    )
+    [line] = error_lines(capsys.readouterr().err)
+    assert line.startswith(f"vlm-grpoma eval: error: data.eval_path {data} (id {rid}): {problem}")
+    assert cli.main(["check-data", str(data), "--model", str(tiny_path)]) == 1
+    captured = capsys.readouterr()
+    assert f"{data}:3 (id {rid}): {problem}" in captured.out and "records: 7 valid of 8 read" in captured.out
+
+
+def test_a_50_mb_prompt_is_refused_without_tokenising_it(shapes_path, tiny_path, monkeypatch):
+    import time
+
+    from vlm_grpoma.config import ModelConfig
+
+    adapter = load_adapter(ModelConfig(name_or_path=str(tiny_path)))
+    longest = max(len(token) for token in adapter.tokenizer.get_vocab())
+    record = dataclasses.replace(read_records(shapes_path)[0], prompt="the red square " * 3_500_000)
+    monkeypatch.setattr(
+        adapter.processor, "apply_chat_template", lambda *a, **k: pytest.fail("the prompt was templated")
+    )
+    start = time.perf_counter()
+    (problem,) = prompt_problems([record], adapter, 4096).values()
+    assert time.perf_counter() - start < 2.0
+    assert problem == (
+        f"prompt is 52500000 characters, at least {-(-52_500_000 // longest)} tokens (none is longer than "
+        f"{longest} characters), more than data.max_prompt_tokens=4096"
+    )
+
+
+def test_the_character_bound_never_refuses_a_prompt_that_fits(shapes_path, tiny_path):
+    """A prompt of the vocabulary's longest token repeated is the most characters per token there is."""
+    from vlm_grpoma.config import ModelConfig
+
+    adapter = load_adapter(ModelConfig(name_or_path=str(tiny_path)))
+    vocab = adapter.tokenizer.get_vocab()
+    special = set(adapter.tokenizer.all_special_tokens)
+    longest = max((t for t in vocab if t not in special), key=len)
+    text = adapter.tokenizer.convert_tokens_to_string([longest]) * 300
+    record = dataclasses.replace(read_records(shapes_path)[0], prompt=text)
+    length = len(adapter.build_inputs([record])[0].input_ids)
+    assert prompt_problems([record], adapter, length) == {}  # counted exactly, not refused by characters
+    assert len(text) > length  # so a bound of one character per token would have refused it
+
+
+def test_check_data_with_a_model_applies_max_prompt_tokens(shapes_path, tiny_path, tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "model": {"name_or_path": str(tiny_path)},
+                "data": {"train_path": str(shapes_path), "max_prompt_tokens": 20},
+            }
+        )
+    )
+    assert cli.main(["check-data", "--config", str(config)]) == 1
+    captured = capsys.readouterr()
+    assert "records: 0 valid of 8 read, 8 with errors" in captured.out
+    assert "more than data.max_prompt_tokens=20" in captured.out
+    [line] = error_lines(captured.err)
+    assert line.startswith("vlm-grpoma check-data: error: 8 of 8 record(s) failed the check; first: ")

@@ -3,6 +3,7 @@ again, the same episodes as an undisturbed run; one that always dies is one line
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -98,3 +99,60 @@ def test_manip_eval_uses_the_job_timeout(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert '"successes"' in out.read_text()
+
+
+def test_a_crash_rendering_the_contact_grid_loses_no_results(tmp_path, monkeypatch, capsys):
+    """The grid is an optional picture: the results JSON and table are on disk before it is rendered."""
+    from vlm_grpoma import cli
+    from vlm_grpoma.eval import manipulation
+
+    def crash(triples, path):
+        assert json.loads(out.read_text())["aggregates"]  # already written when the grid starts
+        raise RuntimeError("vk::Queue::submit: ErrorDeviceLost")
+
+    out = tmp_path / "r.json"
+    monkeypatch.setattr(manipulation, "render_grid", crash)
+    command = ["manip-eval", "--policy", "oracle", "--split", "seen", "--episodes", "2", "--workers", "1"]
+    assert cli.main([*command, "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["aggregates"]["seen"]["episodes"] == 2 and result["grid"] is None
+    assert "| **seen** |" in out.with_suffix(".md").read_text()
+    assert (
+        "(no grid: rendering it failed: RuntimeError: vk::Queue::submit: ErrorDeviceLost)"
+        in capsys.readouterr().out
+    )
+
+
+def test_manip_eval_refuses_an_unwritable_out_before_sampling(tmp_path, monkeypatch, capsys):
+    from vlm_grpoma import cli
+    from vlm_grpoma.eval import manipulation
+
+    monkeypatch.setattr(manipulation, "evaluate", lambda *a, **k: pytest.fail("the evaluation ran"))
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "folder.json").mkdir()
+    cases = {
+        tmp_path / "file" / "r.json": f"--out {tmp_path / 'file'}: exists and is not a folder",
+        tmp_path
+        / "folder.json": f"--out {tmp_path / 'folder.json'}: is a folder; name the results JSON file",
+        Path(
+            "/sys/fs/vlm-grpoma/r.json"
+        ): "--out /sys/fs/vlm-grpoma: cannot write there (",  # read-only sysfs
+    }
+    for out, message in cases.items():
+        assert cli.main(["manip-eval", "--policy", "oracle", "--out", str(out)]) == 1
+        [line] = error_lines(capsys.readouterr().err)
+        assert line.startswith(f"vlm-grpoma manip-eval: error: {message}"), line
+
+
+def test_assets_with_only_training_instances_say_so(tmp_path):
+    from vlm_grpoma.envs.sapien.partnet_export import generate_assets
+    from vlm_grpoma.eval.manipulation import evaluate
+
+    generate_assets(tmp_path, 1, categories=("drawer_cabinet", "refrigerator"))  # one training instance each
+    with pytest.raises(CommandError) as caught:
+        evaluate("oracle", ("seen",), 2, 0, workers=1, assets=tmp_path)
+    assert str(caught.value).startswith(
+        f"no seen objects among the 2 object(s) found in --assets {tmp_path} (2 training instances of seen or "
+        "train-only categories): seen categories are "
+    )
+    assert "StorageFurniture" in str(caught.value) and "(manipllm split)" in str(caught.value)

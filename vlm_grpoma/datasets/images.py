@@ -8,6 +8,10 @@ pixels are landscape but whose orientation tag says "rotate 90°" is portrait he
 has sane dimensions (at most :data:`MAX_IMAGE_PIXELS` pixels, aspect ratio at most :data:`MAX_ASPECT_RATIO`),
 in parallel threads, with the results of unchanged files cached per records file, so a bad image is found
 when the records are loaded rather than when it is first sampled.
+
+A path that is not a regular file (a FIFO, a device, a folder) is refused without being opened: reading a FIFO
+blocks forever. 16-bit greyscale pixels are scaled to 8 bits (``v / 257``; PIL's own conversion clips them
+to white); 32-bit integer or float pixels have no agreed range and are refused.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -47,12 +52,58 @@ def _describe(path: str | Path, record_id: str | None) -> str:
     return (f"record {record_id}: " if record_id else "") + f"{path}"
 
 
+def _file_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be read as an image file without opening it: missing, or not a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "file not found"
+    except OSError as err:
+        return f"cannot read: {err.strerror or err}"
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "a special file"
+        return f"is {kind}, not a regular file"
+    return None
+
+
+def _require_file(path: str | Path, record_id: str | None, what: str) -> None:
+    problem = _file_problem(path)
+    if problem is not None:
+        raise ImageLoadError(f"{_describe(path, record_id)}: {what} {problem}")
+
+
+#: 16-bit greyscale modes (PNG reads as ``I;16``); 8-bit is what the processors take.
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def _depth_problem(img: Image.Image) -> str | None:
+    """Why pixels of ``img`` have no 8-bit meaning: 32-bit integer or float samples (16-bit PNG is fine)."""
+    if img.mode in ("I", "F") and not (img.mode == "I" and img.format == "PNG"):
+        return f"has 32-bit {'float' if img.mode == 'F' else 'integer'} pixels (mode {img.mode}); save it as 8-bit"
+    return None
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """RGB pixels; 16-bit greyscale (PNG: mode ``I;16``, or ``I`` in older Pillow: ``_open`` refuses other
+    ``I`` images) scaled to 8 bits."""
+    if img.mode in _SIXTEEN_BIT or img.mode == "I":
+        levels = np.asarray(img, dtype=np.float64) / 257.0
+        img = Image.fromarray(np.clip(np.rint(levels), 0, 255).astype(np.uint8), mode="L")
+    return img.convert("RGB")
+
+
 def _open(path: str | Path, record_id: str | None, what: str) -> Image.Image:
     """The decoded image with EXIF orientation applied; any failure becomes ImageLoadError."""
+    _require_file(path, record_id, what)
     try:
         with Image.open(path) as img:
             img.load()
+            problem = _depth_problem(img) if what == "image" else None  # a mask is any non-zero sample
+            if problem is not None:
+                raise ImageLoadError(f"{_describe(path, record_id)}: image {problem}")
             return ImageOps.exif_transpose(img)
+    except ImageLoadError:
+        raise
     except FileNotFoundError:
         raise ImageLoadError(f"{_describe(path, record_id)}: {what} file not found") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
@@ -72,7 +123,11 @@ def load_image(record_or_path: Record | str | Path, record_id: str | None = None
     record = record_or_path if isinstance(record_or_path, Record) else None
     path = record.image if record else record_or_path
     rid = record.id if record else record_id
-    img = _open(path, rid, "image").convert("RGB")
+    img = _open(path, rid, "image")
+    try:
+        img = _to_rgb(img)
+    except ValueError as err:  # a mode PIL cannot convert (e.g. LAB)
+        raise ImageLoadError(f"{_describe(path, rid)}: cannot convert image to RGB: {err}") from None
     if record is not None:
         _check_size(img.size, record, path, "image")
     return img
@@ -80,6 +135,7 @@ def load_image(record_or_path: Record | str | Path, record_id: str | None = None
 
 def image_size(path: str | Path, record_id: str | None = None) -> tuple[int, int]:
     """(width, height) after EXIF orientation, read from the header without decoding the pixels."""
+    _require_file(path, record_id, "image")
     try:
         with Image.open(path) as img:
             width, height = img.size
@@ -124,9 +180,15 @@ def load_mask(record_or_path: Record | str | Path, record_id: str | None = None)
 
 def _inspect(path: str) -> list[Any]:
     """``[width, height]`` after EXIF orientation once the file fully decodes, else ``[problem]``."""
+    problem = _file_problem(path)
+    if problem is not None:
+        return [problem]
     try:
         with Image.open(path) as img:
             width, height = img.size
+            depth = _depth_problem(img)
+            if depth is not None:
+                return [depth]
             if width * height > MAX_IMAGE_PIXELS:
                 return [f"{width}x{height} is {width * height} pixels, more than {MAX_IMAGE_PIXELS}"]
             if img.format == "JPEG":  # decode at 1/8 scale: the whole stream is read, 20x less work
@@ -184,10 +246,10 @@ def _checks_cache(key: str | None):
 
 def _fingerprint(path: str) -> list[int] | None:
     try:
-        stat = os.stat(path)
+        info = os.stat(path)
     except OSError:
         return None
-    return [stat.st_size, stat.st_mtime_ns]
+    return [info.st_size, info.st_mtime_ns]
 
 
 def image_problems(

@@ -6,8 +6,11 @@ Relative ``image`` / ``mask`` paths are resolved against the JSONL file's folder
 records hold usable paths; :func:`write_records` makes them relative to the output folder again.
 
 Hostile input is bounded: a line nested deeper than :data:`MAX_JSON_DEPTH` or holding an integer longer than
-:data:`MAX_INT_DIGITS` digits is a bad line (not a ``RecursionError`` or a quadratic conversion), and
-``read_records(check_images=True)`` checks every image up front (see ``images.image_problems``).
+:data:`MAX_INT_DIGITS` digits is a bad line (not a ``RecursionError`` or a quadratic conversion), so is a
+string holding a lone surrogate escape (``"\\ud800"``: JSON allows it, but it is no text and cannot be written as
+UTF-8 to ``samples.jsonl`` or ``predictions.jsonl`` later), and ``read_records(check_images=True)`` checks
+every image up front (see ``images.image_problems``). A records path that is not a regular file (a FIFO) is
+refused without opening it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import logging
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -91,6 +95,28 @@ def loads_bounded(text: str) -> Any:
     if _depth(value) > MAX_JSON_DEPTH:
         raise JSONLimitError(f"nested deeper than {MAX_JSON_DEPTH} levels")
     return value
+
+
+def _printable(text: str) -> str:
+    """``text`` with any lone surrogate written as its escape (``\\ud800``), so an error message can be printed."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _lone_surrogate(obj: Any) -> str | None:
+    """The dotted name of the first key or string of a decoded record holding a lone surrogate, else None."""
+    stack = [(obj, "")]
+    while stack:
+        node, name = stack.pop()
+        if isinstance(node, str):
+            if _printable(node) != node:
+                return name
+        elif isinstance(node, dict):
+            for key, value in reversed(node.items()):
+                child = f"{name}.{_printable(key)}" if name else _printable(key)
+                stack += [(value, child), (key, f"{child} (its key)")]
+        elif isinstance(node, list):
+            stack.extend((value, f"{name}[{i}]") for i, value in reversed(list(enumerate(node))))
+    return None
 
 
 class _FieldError(ValueError):
@@ -221,6 +247,9 @@ def record_from_json(obj: Any, base_dir: Path) -> Record:
     """A validated :class:`Record` from one decoded JSON line; raises ``_FieldError`` (a ValueError)."""
     if not isinstance(obj, dict):
         raise _FieldError("record", f"must be a JSON object, got {type(obj).__name__}")
+    surrogate = _lone_surrogate(obj)
+    if surrogate is not None:
+        raise _FieldError(surrogate, "holds a lone surrogate escape (\\ud800-\\udfff alone is not text)")
     missing = [k for k in _REQUIRED if k not in obj]
     if missing:
         raise _FieldError(missing[0], "required field is missing")
@@ -259,13 +288,15 @@ def record_from_json(obj: Any, base_dir: Path) -> Record:
 
 def _where(path: Path | str, line_no: int, obj: Any) -> str:
     rid = obj.get("id") if isinstance(obj, dict) else None
-    return f"{path}:{line_no}" + (f" (id {rid})" if isinstance(rid, str) and rid else "")
+    return f"{path}:{line_no}" + (f" (id {_printable(rid)})" if isinstance(rid, str) and rid else "")
 
 
 def load_records(path: str | Path) -> LoadReport:
     """Read every line of ``path``; valid records and the error of each bad line, in file order."""
     path = Path(path)
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # reading a FIFO would block forever
+            raise RecordError(f"{path}: records file is not a regular file")
         text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise RecordError(f"{path}: records file not found") from None

@@ -13,7 +13,9 @@ Policies: ``oracle`` (procedural: contact on the target's handle, pulled along t
 ``manipllm``: ManipLLM's successful demonstration), ``random`` (uniform pixel, isotropic directions) and
 ``model`` (greedy answer of ``--checkpoint`` on the episode's rendered image, saved under
 ``<out stem>_images/``). Writes ``--out`` (JSON), the same name with ``.md`` (Markdown table) and, where
-rendering works, ``.png`` (images with the predicted contacts, green = success). Per category: episodes,
+rendering works, ``.png`` (images with the predicted contacts, green = success; rendered after the JSON and
+table are written, so its failure costs only the picture); the output folder is checked writable before the
+work. Per category: episodes,
 successes, success rate with its 95 % Wilson score interval, and the rate over answers whose contact hit a
 movable part (ManipLLM's test script drops the other answers from its denominator); then each split's
 sample-weighted aggregate (all its episodes pooled), as ManipLLM reports them.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from collections import Counter, defaultdict
 from dataclasses import replace
@@ -36,12 +39,13 @@ from vlm_grpoma.config import Config
 from vlm_grpoma.envs.sapien.partnet import scan_assets
 from vlm_grpoma.envs.sapien.pool import HARD_DEADLINE_SLACK_S, SimPool, WorkerCrash
 from vlm_grpoma.envs.sapien.protocol import PROTOCOLS
-from vlm_grpoma.envs.sapien.splits import load_split, round_robin
+from vlm_grpoma.envs.sapien.splits import load_split, no_objects_message, round_robin
 from vlm_grpoma.envs.sapien.task import DEFAULT_EXEC, EpisodeSpec, Outcome, render_episode
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
-from vlm_grpoma.errors import CommandError
+from vlm_grpoma.errors import CommandError, StorageError
 from vlm_grpoma.eval.loading import eval_config, model_folder
 from vlm_grpoma.eval.manipulation_report import INTERVAL, Tile, contact_grid, rate_row, success_table
+from vlm_grpoma.output_folder import writable_folder
 
 GRID_TILES = 12
 EVAL_SPLITS = ("seen", "unseen")
@@ -79,8 +83,7 @@ def sample_split(
     chosen = round_robin(assets, split_def, split, episodes)
     if not chosen:
         raise CommandError(
-            f"no {split} objects among the assets: {split} categories are "
-            f"{', '.join(split_def.categories(split))} ({split_def.name} split)"
+            no_objects_message(assets, split_def, split, f"--assets {assets[0].folder.parent}")
         )
     jobs = [
         ("sample_asset", (str(a.folder), seed * 1_000_003 + i, protocol), {}) for i, a in enumerate(chosen)
@@ -289,6 +292,9 @@ def main(args: argparse.Namespace) -> int:
         raise CommandError(f"--job-timeout must be a positive number of seconds, got {args.job_timeout}")
     start = time.perf_counter()
     out = Path(args.out)
+    if out.is_dir():
+        raise CommandError(f"--out {out}: is a folder; name the results JSON file")
+    writable_folder(out.parent, "--out")  # before the work, not after it
     splits = EVAL_SPLITS if args.split == "all" else (args.split,)
     result, triples = evaluate(
         args.policy,
@@ -305,15 +311,30 @@ def main(args: argparse.Namespace) -> int:
         job_timeout_s=job_timeout,
     )
     result["seconds"] = round(time.perf_counter() - start, 2)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    grid = render_grid(triples, out.with_suffix(".png"))
-    result["grid"] = str(grid) if grid else None
-    out.write_text(json.dumps(result, indent=2))
-    table = success_table(result)
-    out.with_suffix(".md").write_text(table)
-    print(table, end="")
-    print(
-        f"wrote {out}, {out.with_suffix('.md')}"
-        + (f", {grid}" if grid else " (no grid: rendering unavailable)")
-    )
+    result["grid"] = None
+    write_results(out, result)  # the results first: the optional grid below may fail
+    print(success_table(result), end="")
+    try:
+        grid = render_grid(triples, out.with_suffix(".png"))
+    except Exception as err:  # an optional picture; the results are already written
+        grid, note = None, f" (no grid: rendering it failed: {type(err).__name__}: {err})"
+    else:
+        note = "" if grid else " (no grid: rendering unavailable)"
+    if grid:
+        result["grid"] = str(grid)
+        write_results(out, result)
+    print(f"wrote {out}, {out.with_suffix('.md')}" + (f", {grid}" if grid else note))
     return 0
+
+
+def write_results(out: Path, result: dict) -> None:
+    """The result JSON at ``out`` and its Markdown table beside it (``.md``), each replaced whole (a failed
+    write leaves the previous file, never half of one)."""
+    for path, text in ((out, json.dumps(result, indent=2)), (out.with_suffix(".md"), success_table(result))):
+        partial = path.with_name(f".{path.name}.partial")
+        try:
+            partial.write_text(text)
+            os.replace(partial, path)
+        except OSError as err:
+            partial.unlink(missing_ok=True)
+            raise StorageError(f"--out {out}: cannot write the results ({err.strerror or err})") from None

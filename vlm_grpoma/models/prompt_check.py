@@ -1,5 +1,7 @@
-"""``vlm-grpoma check-data``: the dataset check of :mod:`~vlm_grpoma.datasets.check`, plus the prompt length
-each record becomes for a model's processor (chat template, instruction and image tokens), as training builds it.
+"""``vlm-grpoma check-data``: the dataset check of :mod:`~vlm_grpoma.datasets.check`, plus, with a model, the
+start-up screen training and eval apply (:mod:`~vlm_grpoma.models.record_checks`: special tokens in prompts,
+``data.max_prompt_tokens``, image resize) and the prompt length each remaining record becomes for the model's
+processor (chat template, instruction and image tokens), as training builds it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 from vlm_grpoma.datasets.check import DataCheck, check_records, summary
 from vlm_grpoma.datasets.images import ImageLoadError
 from vlm_grpoma.errors import DataError
+from vlm_grpoma.models.record_checks import prompt_problems
 
 
 @dataclass(frozen=True)
@@ -23,12 +26,17 @@ class PromptLengths:
     image: list[int]
 
 
-def prompt_lengths(check: DataCheck, adapter: Any) -> PromptLengths:
-    """Tokenise every passing record as training does (``adapter.build_inputs``); a record the processor
+def prompt_lengths(check: DataCheck, adapter: Any, max_tokens: int = 0) -> PromptLengths:
+    """Screen the passing records as training does (:func:`prompt_problems` with ``max_tokens``, 0: no limit),
+    then tokenise the rest as training does (``adapter.build_inputs``); a record the screen or the processor
     refuses moves from ``check.records`` to ``check.errors``."""
     total, image, kept, where = [], [], [], []
     image_pad = adapter.tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    for record, place in zip(check.records, check.where):
+    problems = prompt_problems(check.records, adapter, max_tokens)
+    for index, (record, place) in enumerate(zip(check.records, check.where)):
+        if index in problems:
+            check.errors.append(f"{place} (id {record.id}): {problems[index]}")
+            continue
         try:
             (inputs,) = adapter.build_inputs([record])
         except (ValueError, ImageLoadError) as err:
@@ -60,11 +68,12 @@ def main(args: argparse.Namespace) -> int:
     lines = []  # after the records' summary: the processor may refuse records
     model = args.model or (config.model.name_or_path if config is not None else "")
     if model and check.records:
-        from vlm_grpoma.config import ModelConfig
+        from vlm_grpoma.config import DataConfig, ModelConfig
         from vlm_grpoma.models.registry import load_adapter
 
         model_cfg = replace(config.model if config is not None else ModelConfig(), name_or_path=model)
-        lengths = prompt_lengths(check, load_adapter(model_cfg))
+        max_tokens = (config.data if config is not None else DataConfig()).max_prompt_tokens
+        lengths = prompt_lengths(check, load_adapter(model_cfg), max_tokens)
         if lengths.total:
             lines.append(
                 f"prompt tokens for {model} (pixels {model_cfg.min_pixels}-{model_cfg.max_pixels}, "

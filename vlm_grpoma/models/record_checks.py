@@ -1,6 +1,12 @@
-"""Records this model cannot take, found when they are loaded rather than when first sampled: a whole prompt
-(chat template, instruction, image tokens) longer than ``data.max_prompt_tokens``, or an image whose resize
-to the model's pixel bounds fails or leaves a side of zero. ``data.skip_bad_records`` leaves them out."""
+"""Records this model cannot take, found when they are loaded rather than when first sampled: a prompt holding
+one of the tokenizer's special tokens (chat control ``<|im_end|>``, vision placeholders ``<|image_pad|>``: they
+would restructure the conversation or break the image-token count, so they are refused, not escaped — an
+escape would change the prompt's text and each backend tokenises differently), a whole prompt (chat template,
+instruction, image tokens) longer than ``data.max_prompt_tokens``, or an image whose resize to the model's
+pixel bounds fails or leaves a side of zero. ``data.skip_bad_records`` leaves them out.
+
+The length check is bounded: a prompt longer in characters than ``max_tokens`` times the vocabulary's longest
+token cannot fit and is refused untokenised; only prompts near the limit are tokenised."""
 
 from __future__ import annotations
 
@@ -15,13 +21,38 @@ from vlm_grpoma.errors import DataError
 log = logging.getLogger(__name__)
 
 
+def _longest_token(tokenizer) -> int:
+    """Characters of the vocabulary's longest token (byte-level BPE: one character per byte), added ones too."""
+    return max(len(token) for token in tokenizer.get_vocab())
+
+
+def _special_token_in(prompt: str, special: Sequence[str]) -> str | None:
+    return next((token for token in special if token in prompt), None)
+
+
 def prompt_problems(records: Sequence[Record], adapter, max_tokens: int) -> dict[int, str]:
     """``{index: problem}`` for the records that ``adapter`` cannot turn into a prompt within ``max_tokens``
-    tokens (0: no token limit). Only prompts that could exceed the limit are tokenised."""
+    tokens (0: no token limit), or whose prompt holds a special token. Only prompts that could exceed the
+    limit are tokenised."""
     placeholder = Image.new("RGB", (1, 1))  # the chat template only needs to know there is an image
     factor = adapter.family.factor
+    special = sorted(adapter.tokenizer.all_special_tokens, key=len, reverse=True)
+    longest = _longest_token(adapter.tokenizer)
     problems = {}
     for index, record in enumerate(records):
+        if max_tokens and len(record.prompt) > max_tokens * longest:  # surely too long: not tokenised
+            problems[index] = (
+                f"prompt is {len(record.prompt)} characters, at least {-(-len(record.prompt) // longest)} "
+                f"tokens (none is longer than {longest} characters), more than data.max_prompt_tokens={max_tokens}"
+            )
+            continue
+        token = _special_token_in(record.prompt, special)
+        if token is not None:
+            problems[index] = (
+                f"prompt holds the model's special token {token} (chat control or vision placeholder), "
+                "which would be read as structure, not text; remove it"
+            )
+            continue
         try:
             width, height = adapter.resized_size(record.width, record.height)
         except ValueError as err:

@@ -27,6 +27,7 @@ from vlm_grpoma.models.prompts import (
     THINK_OPEN,
     FrameSpec,
 )
+from vlm_grpoma.output_folder import writable_folder
 
 #: Qwen's special tokens in their real id order (151643...), then the plain think/answer tags.
 SPECIAL_TOKENS = (
@@ -356,10 +357,10 @@ def build_tiny_model(
 
 
 def main(args: argparse.Namespace) -> int:
-    """``make-tiny-model`` handler."""
+    """``make-tiny-model`` handler; the output folder is checked writable before the model is built."""
     out = build_tiny_model(
         args.arch,
-        args.out,
+        writable_folder(args.out, "--out"),
         seed=args.seed,
         preset=getattr(args, "preset", "tiny"),
         real_vocab=getattr(args, "real_vocab", False),

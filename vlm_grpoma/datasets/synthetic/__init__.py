@@ -8,6 +8,7 @@ from pathlib import Path
 
 from vlm_grpoma.datasets.jsonl import read_records
 from vlm_grpoma.errors import CommandError
+from vlm_grpoma.output_folder import writable_folder
 
 
 def _generate_sapien(task: str, n: int, out: Path, seed: int, split: str, args: argparse.Namespace) -> Path:
@@ -40,8 +41,6 @@ def main(args: argparse.Namespace) -> int:
     if not str(args.split).strip():
         raise CommandError("--split must be a non-empty name")
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise CommandError(f"--out {out} exists and is not a folder")
     if args.source == "shapes":
         if (
             getattr(args, "assets", None)
@@ -59,8 +58,10 @@ def main(args: argparse.Namespace) -> int:
         difficulty = getattr(args, "difficulty", None) or "normal"
         if difficulty not in PRESETS:
             raise CommandError(f"--difficulty must be one of {sorted(PRESETS)}, got {difficulty!r}")
+        writable_folder(out, "--out")  # before drawing, not when the records are written
         path = generate_shapes(args.task, args.n, out, args.seed, args.split, PRESETS[difficulty])
     elif args.source == "sapien":
+        writable_folder(out, "--out")  # before rendering, not when the records are written
         path = _generate_sapien(args.task, args.n, out, args.seed, args.split, args)
     else:
         raise CommandError(f"unknown --source {args.source!r}; choose shapes or sapien")

@@ -35,7 +35,7 @@ from vlm_grpoma.envs.sapien.manipllm import sample_asset
 from vlm_grpoma.envs.sapien.objects import DISPLAY_NAMES, joint_transform
 from vlm_grpoma.envs.sapien.partnet import display_name, scan_assets
 from vlm_grpoma.envs.sapien.scene import BuiltScene
-from vlm_grpoma.envs.sapien.splits import load_split, round_robin
+from vlm_grpoma.envs.sapien.splits import load_split, no_objects_message, round_robin
 from vlm_grpoma.envs.sapien.task import EpisodeSpec, render_episode, sample_split_episode
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
 from vlm_grpoma.errors import CommandError
@@ -57,12 +57,10 @@ def _episodes(n: int, seed: int, split: str, assets, split_file, protocol: str) 
             )
         return (sample_split_episode(split, i, seed, width=IMAGE_SIZE, height=IMAGE_SIZE) for i in range(n))
     split_def = load_split(split_file)
-    chosen = round_robin(scan_assets(assets), split_def, split, n)
+    objects = scan_assets(assets)
+    chosen = round_robin(objects, split_def, split, n)
     if not chosen:
-        raise CommandError(
-            f"no {split} objects in --assets {assets}: {split} categories are "
-            f"{', '.join(split_def.categories(split))} ({split_def.name} split)"
-        )
+        raise CommandError(no_objects_message(objects, split_def, split, f"--assets {assets}"))
 
     def sampled() -> Iterator:
         for index, asset in enumerate(chosen):

@@ -6,12 +6,18 @@ door``) and ``mobility_v2.json`` (the part tree). ``read_asset`` checks all four
 ``scan_assets`` reads every object folder under a root. Which links an episode may act on follows ManipLLM
 (``env.py``: every link whose joint has one degree of freedom: revolute, continuous or prismatic); the
 semantics name those parts (door, drawer, lid, ...) in prompts and reports.
+
+Every mesh and texture the URDF names must lie inside the object folder (``urdf.resolve_asset_path``), and
+every mesh is read up front (an OBJ needs vertices and faces, an STL triangles), because the physics engine
+drops a link's shape it cannot read with only a log line.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import xml.etree.ElementTree as ET
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +59,56 @@ def _load_json(path: Path):
         raise DataError(f"{path}: not valid JSON ({err})") from None
 
 
+def _obj_problem(lines: Iterable[str]) -> str | None:
+    """Why OBJ text is no mesh: a malformed vertex, or fewer than 3 vertices or no face (read until both)."""
+    vertices = faces = 0
+    for line in lines:
+        fields = line.split()
+        if fields[:1] == ["v"]:
+            try:
+                finite = len(fields) >= 4 and all(math.isfinite(float(v)) for v in fields[1:4])
+            except ValueError:
+                finite = False
+            if not finite:
+                return f"an OBJ whose vertex line {line.strip()[:40]!r} is not 'v x y z' with finite numbers"
+            vertices += 1
+        elif fields[:1] == ["f"]:
+            faces += 1
+        if vertices >= 3 and faces:
+            return None
+    return f"an OBJ with {vertices} vertices and {faces} faces (not a mesh)"
+
+
+def _stl_problem(data: bytes) -> str | None:
+    if data[:5].lower() == b"solid" and data.count(b"vertex") >= 3:
+        return None  # ASCII STL
+    triangles = int.from_bytes(data[80:84], "little") if len(data) >= 84 else 0
+    if triangles and len(data) == 84 + 50 * triangles:
+        return None
+    return "an STL without triangles (binary size does not match its count, no ASCII vertices)"
+
+
+def mesh_problem(file: Path) -> str | None:
+    """Why the physics engine or renderer could not read ``file`` as a mesh (OBJ and STL parsed; other formats
+    must be a non-empty regular file), else None. A regular file only is opened (a FIFO would block)."""
+    if not file.exists():
+        return "missing"
+    if not file.is_file():
+        return "not a regular file"
+    try:
+        if file.stat().st_size == 0:
+            return "empty"
+        suffix = file.suffix.lower()
+        if suffix == ".obj":
+            with file.open(encoding="utf-8", errors="replace") as lines:
+                return _obj_problem(lines)
+        if suffix == ".stl":
+            return _stl_problem(file.read_bytes())
+    except OSError as err:
+        return f"unreadable ({err.strerror or err})"
+    return None
+
+
 def _check_urdf(path: Path) -> set[str]:
     """Parse and check a mobility.urdf (joints, limits, mesh files); returns its link names."""
     if not path.is_file():
@@ -84,20 +140,28 @@ def _check_urdf(path: Path) -> set[str]:
                 ) from None
             if lower > upper:
                 raise DataError(f"{path}: joint {name!r} has lower limit {lower} above upper {upper}")
+    for texture in robot.iter("texture"):
+        if texture.get("filename"):
+            resolve_asset_path(texture.get("filename"), path)  # inside the folder, or DataError
     for link in robot.findall("link"):
         for mesh in link.iter("mesh"):
-            file = resolve_asset_path(mesh.get("filename", ""), path.parent)
-            if not mesh.get("filename") or not file.is_file():
-                raise DataError(
-                    f"{path}: link {link.get('name')!r} uses mesh {mesh.get('filename')!r}, which is missing"
-                )
+            name = mesh.get("filename", "")
+            problem = mesh_problem(resolve_asset_path(name, path)) if name else "missing"
+            if problem is not None:
+                raise DataError(f"{path}: link {link.get('name')!r} uses mesh {name!r}, which is {problem}")
     return links
 
 
 def read_semantics(path: Path, links: set[str] | None = None) -> dict[str, str]:
     """``semantics.txt`` as link -> label; every line must be ``<link> <joint kind> <label>``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({err.strerror or err})") from None
     labels = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         fields = line.split()

@@ -32,6 +32,7 @@ from vlm_grpoma.envs.sapien.objects import (
 from vlm_grpoma.envs.sapien.partnet import META_NAME, MOBILITY_NAME, SEMANTICS_NAME, URDF_NAME
 from vlm_grpoma.envs.sapien.splits import CategorySplit, load_split
 from vlm_grpoma.errors import CommandError
+from vlm_grpoma.output_folder import writable_folder
 
 PARTNET_CATEGORIES: dict[str, str] = {
     "drawer_cabinet": "StorageFurniture",
@@ -237,9 +238,7 @@ def generate_assets(
 def main(args: argparse.Namespace) -> int:
     if args.per_category <= 0:
         raise CommandError(f"--per-category must be positive, got {args.per_category}")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise CommandError(f"--out {out} exists and is not a folder")
+    out = writable_folder(Path(args.out), "--out")
     folders = generate_assets(
         out, args.per_category, args.seed, tuple(args.categories) if args.categories else None
     )

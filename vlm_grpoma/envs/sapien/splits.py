@@ -128,3 +128,23 @@ def round_robin(assets: list, split_def: CategorySplit, split: str, count: int) 
     if not groups:
         return []
     return [groups[i % len(groups)][(i // len(groups)) % len(groups[i % len(groups)])] for i in range(count)]
+
+
+def no_objects_message(assets: list, split_def: CategorySplit, split: str, where: str) -> str:
+    """Why ``split`` drew no object from ``assets`` (found in ``where``): how many objects there are and which
+    split each falls in (e.g. all training instances of seen categories)."""
+    found: dict[str | None, int] = {}
+    for asset in assets:
+        name = split_def.split_of(asset.asset_id, asset.category)
+        found[name] = found.get(name, 0) + 1
+    described = {
+        "train": "training instances of seen or train-only categories",
+        "seen": "test instances of seen categories",
+        "unseen": "objects of unseen categories",
+        None: "in no split (category unlisted, or a test instance nobody reports)",
+    }
+    parts = [f"{n} {described[name]}" for name, n in found.items()]
+    return (
+        f"no {split} objects among the {len(assets)} object(s) found in {where} ({'; '.join(parts)}): "
+        f"{split} categories are {', '.join(split_def.categories(split))} ({split_def.name} split)"
+    )

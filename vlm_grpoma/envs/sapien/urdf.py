@@ -7,6 +7,11 @@ collision its visual meshes as collision (so what the camera sees can be touched
 elements unless rendering (visuals need a Vulkan device) and applies each joint's ``<dynamics friction>`` to
 the built joint, because SAPIEN's loader passes it to a builder argument that PhysX ignores. Collision meshes
 become convex shapes (``COLLISION_MODES``). ``scene.build_urdf_scene`` turns a loaded URDF into parts.
+
+Mesh and texture paths stay inside the URDF's folder (the asset folder): a path that leads out of it (``../``,
+an absolute path elsewhere, a ``package://`` name found only above it, a symlink pointing out) is refused
+before anything reads it. A link whose collision meshes PhysX could not cook (SAPIEN only logs it and builds
+the link without shapes) is refused after loading, naming the link.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from vlm_grpoma.envs.sapien.objects import ArticulatedObject, Shape, link_frame, quat_to_matrix
-from vlm_grpoma.errors import MissingDependencyError
+from vlm_grpoma.errors import DataError, MissingDependencyError
 
 #: how a collision mesh file becomes PhysX shapes: ``convex`` one convex hull per file (SAPIEN's default, as
 #: in ManipLLM's scenes), ``pieces`` one hull per mesh inside the file, ``coacd`` CoACD's approximate convex
@@ -97,28 +102,30 @@ def to_urdf(obj: ArticulatedObject) -> str:
     return ET.tostring(robot, encoding="unicode")
 
 
-def resolve_asset_path(name: str, folder: Path) -> Path:
-    """A URDF mesh or texture path as a file: relative to the URDF's folder, or for ``package://`` names the
-    first match in the folder or one of its parents (as ROS tools resolve them)."""
-    folder = Path(folder).resolve()
-    if not name.startswith("package://"):
-        return folder / name
-    relative = name[len("package://") :]
-    for parent in (folder, *folder.parents):
-        if (parent / relative).is_file():
-            return parent / relative
-    return folder / relative
+def resolve_asset_path(name: str, urdf: Path) -> Path:
+    """A URDF mesh or texture path as a file inside the URDF's folder: relative to it, or for ``package://``
+    names the first match in the folder or one of its parents (as ROS tools resolve them), which must lie in
+    the folder (the folder being the package); DataError naming the URDF and the path when it leads out."""
+    folder = Path(urdf).parent.resolve()
+    package = name.startswith("package://")
+    relative = name[len("package://") :] if package else name
+    candidates = [base / relative for base in ((folder, *folder.parents) if package else (folder,))]
+    found = next((path for path in candidates if path.is_file()), candidates[0])  # stat only, nothing read
+    if not found.resolve().is_relative_to(folder):
+        raise DataError(f"{urdf}: mesh path {name!r} leads out of the asset folder {folder}")
+    return found
 
 
-def prepare_urdf(urdf: str, *, render: bool, folder: Path | None = None) -> str:
+def prepare_urdf(urdf: str, *, render: bool, path: Path | None = None) -> str:
     """URDF text ready to load: links with visuals but no collision get their visuals as collision; without
-    ``render`` every ``<visual>`` is removed (physics-only scenes have no renderer to take them); relative
-    mesh and texture paths are made absolute against ``folder``, so the text loads from anywhere."""
+    ``render`` every ``<visual>`` is removed (physics-only scenes have no renderer to take them); mesh and
+    texture paths are made absolute against the folder of the URDF file ``path`` (and must stay inside it),
+    so the text loads from anywhere."""
     robot = ET.fromstring(urdf)
-    if folder is not None:
+    if path is not None:
         for element in (*robot.iter("mesh"), *robot.iter("texture")):
             if element.get("filename"):
-                element.set("filename", str(resolve_asset_path(element.get("filename"), folder)))
+                element.set("filename", str(resolve_asset_path(element.get("filename"), path)))
     for link in robot.iter("link"):
         visuals = link.findall("visual")
         if visuals and not link.findall("collision"):
@@ -132,6 +139,14 @@ def prepare_urdf(urdf: str, *, render: bool, folder: Path | None = None) -> str:
             for visual in visuals:
                 link.remove(visual)
     return ET.tostring(robot, encoding="unicode")
+
+
+def _links_with_collision(prepared: str) -> set[str]:
+    return {
+        link.get("name")
+        for link in ET.fromstring(prepared).iter("link")
+        if link.find("collision") is not None
+    }
 
 
 def joint_frictions(urdf: str) -> dict[str, float]:
@@ -165,6 +180,7 @@ def load_articulation(
         )
     path = Path(urdf_path)
     text = path.read_text()
+    prepared = prepare_urdf(text, render=render, path=path)  # refuses paths out of the folder before loading
     loader = scene.create_urdf_loader()
     loader.fix_root_link = True
     loader.scale = scale
@@ -174,9 +190,20 @@ def load_articulation(
     loader.load_multiple_collisions_from_file = collision != "convex"
     loader.multiple_collisions_decomposition = "coacd" if collision == "coacd" else "none"
     with tempfile.NamedTemporaryFile("w", suffix=".urdf", delete=True) as f:
-        f.write(prepare_urdf(text, render=render, folder=path.parent))
+        f.write(prepared)
         f.flush()
         articulation = loader.load(f.name)
+    with_collision = _links_with_collision(prepared)
+    dropped = sorted(
+        link.name
+        for link in articulation.get_links()
+        if link.name in with_collision and not link.collision_shapes
+    )
+    if dropped:
+        raise DataError(
+            f"{path}: link(s) {', '.join(dropped)} lost every collision shape (a mesh the physics engine cannot "
+            "read or cook, see the SAPIEN log above)"
+        )
     frictions = joint_frictions(text)
     for joint in articulation.get_active_joints():
         joint.set_friction(frictions.get(joint.child_link.name, 0.0))
