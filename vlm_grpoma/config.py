@@ -149,8 +149,12 @@ class TrainConfig:
     steps: int = 100
     prompts_per_step: int = 8
     micro_batch_prompts: int = 1
+    #: token budget of one micro-batch (0: off, micro-batches of micro_batch_prompts prompts): prompts are grouped
+    #: so that rows x longest row (shared pass: one packed row per prompt; naive: K*M path rows) stays within it;
+    #: a prompt over the budget alone gets its own micro-batch. verl: ppo_max_token_len_per_gpu
+    micro_batch_tokens: int = 0
     #: "shared": image + prompt once per prompt and each thought once for its M answers (one packed row per
-    #: prompt, 4-D attention mask; needs sdpa or eager attention); "naive": one row per path (for debugging).
+    #: prompt; needs sdpa/eager attention (4-D mask) or flex_attention (block mask)); "naive": one row per path.
     logprob_pass: Literal["shared", "naive"] = "shared"
     #: score greedy answers on ``data.eval_sets`` with the training rewards before step 1, every this many
     #: steps and after the last step (0: never)
@@ -435,10 +439,15 @@ def validate(config: Config, world_size: int | None = None) -> None:
         t.micro_batch_prompts >= 1, "train.micro_batch_prompts", f"must be >= 1, got {t.micro_batch_prompts}"
     )
     _require(
-        t.logprob_pass == "naive" or config.model.attn_implementation in ("sdpa", "eager"),
+        t.micro_batch_tokens >= 0,
+        "train.micro_batch_tokens",
+        f"must be >= 0 (0: off), got {t.micro_batch_tokens}",
+    )
+    _require(
+        t.logprob_pass == "naive" or config.model.attn_implementation in ("sdpa", "eager", "flex_attention"),
         "train.logprob_pass",
-        f"'shared' needs model.attn_implementation sdpa or eager (a 4-D attention mask), "
-        f"got {config.model.attn_implementation!r}; use train.logprob_pass=naive",
+        f"'shared' needs model.attn_implementation sdpa, eager (a 4-D attention mask) or flex_attention "
+        f"(a block mask), got {config.model.attn_implementation!r}; use train.logprob_pass=naive",
     )
     _require(
         t.eval_every >= 0, "train.eval_every", f"must be >= 0 (0 disables evaluation), got {t.eval_every}"

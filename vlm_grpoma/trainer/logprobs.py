@@ -25,10 +25,20 @@ class PathLogProbs:
     answer: torch.Tensor  # [b, K, M, La]
 
 
+def log_normaliser(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits in fp32 and their log-sum-exp over the vocabulary, ``[..., V] -> ([..., V], [...])``.
+
+    The one place both training passes turn logits into log-probs (``logp = logits[target] - lse``), in fp32
+    whatever the model's dtype: a bf16 log-sum-exp over a large vocabulary loses ~1e-2 nats.
+    """
+    logits = logits.float()
+    return logits, torch.logsumexp(logits, dim=-1)
+
+
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits)[..., target]`` without materialising the full log-softmax: [..., V] -> [...]."""
-    logits = logits.float()
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    logits, lse = log_normaliser(logits)
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
 
 
 def completion_log_probs(
