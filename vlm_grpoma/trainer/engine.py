@@ -1,8 +1,9 @@
 """DeepSpeed as the one training engine: the model wrapped with its optimizer and schedule, skip-safe steps.
 
-GPU runs use NCCL and bf16 (ZeRO 0/1/2/3); CPU runs (tests, the demo) use gloo and fp32 with the same code.
-The DeepSpeed JSON comes from ``trainer/deepspeed_config.py``, AdamW and the LR schedule from ``trainer/optim.py``,
-the model (dtype, LoRA, frozen vision) from ``models/loading.py``.
+GPU runs use NCCL and bf16 (ZeRO 0/1/2/3); CPU runs (tests, the demo) use gloo and fp32, or bf16 when asked
+(DeepSpeed's CPU accelerator does bf16, not fp16), with the same code. The DeepSpeed JSON comes from
+``trainer/deepspeed_config.py``, AdamW and the LR schedule from ``trainer/optim.py``, the model (dtype, LoRA,
+frozen vision) from ``models/loading.py``.
 
 Gradient arithmetic. The algorithm's loss (``algorithm/loss.py``) weights every token so that the losses of a
 rank's micro-batches *sum* to that rank's batch loss. :meth:`TrainingEngine.backward` therefore calls
