@@ -174,9 +174,9 @@ def measure(args: argparse.Namespace) -> dict:
             with memory.phase(step, "reward"):
                 _, rewards, _ = score_tree(tree, records, trainer.adapter, trainer.rewards)
             with memory.phase(step, "update (log-probs, backward, optimizer)"):
-                update, grad_norms = trainer._update(tree, rewards)
+                update, grad_norm = trainer._update(tree, trainer._targets(tree, rewards))
             trainer.step += 1
-            steps.append({"phases": step, "grad_norm": grad_norms[-1], "loss": update["loss/total"]})
+            steps.append({"phases": step, "grad_norm": grad_norm, "loss": update["loss/total"]})
         with memory.phase(phases, "save checkpoint"):
             saved = trainer.save()
         sizes = checkpoint_bytes(saved)

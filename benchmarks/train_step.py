@@ -278,6 +278,7 @@ def bench_steps(
             for name in PASSES if step % 2 == 0 else PASSES[::-1]:
                 trainer.config = replace(config, train=replace(config.train, logprob_pass=name))
                 metrics = trainer.train_step()
+                trainer.step += 1
                 if step >= args.warmup:
                     samples[name].append(metrics)
         trainer.engine.close()

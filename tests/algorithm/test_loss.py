@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vlm_grpoma.algorithm.advantages import grpo_ma_advantages
-from vlm_grpoma.algorithm.loss import Segments, grpo_ma_token_weights, k3_kl, policy_loss
+from vlm_grpoma.algorithm.loss import LossStats, Segments, grpo_ma_token_weights, k3_kl, policy_loss
 
 EPS_LOW, EPS_HIGH, BETA = 0.2, 0.28, 0.04
 
@@ -353,3 +353,70 @@ def test_token_weights_validate_inputs():
         grpo_ma_token_weights(torch.ones(1, 2), torch.ones(1, 2, 2), aggregation="seq_mean_token_sum_norm")
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         grpo_ma_token_weights(torch.ones(1, 2), torch.ones(1, 2, 2), aggregation="sum")
+
+
+def test_segments_from_padded_flatten_answers_in_tree_order():
+    tree = random_tree(4, batch=2, thoughts=3, answers=2)
+    _, answer_adv = grpo_ma_advantages(tree["rewards"])
+    _, a_w = grpo_ma_token_weights(tree["t_len"], tree["a_len"])
+    mask = length_mask(tree["a_len"], tree["a_logp"].shape[-1])
+    seg = Segments.from_padded(
+        tree["a_logp"], mask, answer_adv, a_w, old_logp=tree["a_old"], ref_logp=tree["a_ref"]
+    )
+    assert seg.logp.shape == (12, 4) and seg.advantages.shape == (12,)
+    # row (b, k, m) of the tree is segment (b*K + k)*M + m, for every tensor alike
+    b, k, m = 1, 2, 0
+    row = (b * 3 + k) * 2 + m
+    torch.testing.assert_close(seg.logp[row], tree["a_logp"][b, k, m])
+    torch.testing.assert_close(seg.old_logp[row], tree["a_old"][b, k, m])
+    torch.testing.assert_close(seg.ref_logp[row], tree["a_ref"][b, k, m])
+    assert torch.equal(seg.mask[row], mask[b, k, m])
+    assert seg.advantages[row] == answer_adv[b, k, m] and seg.token_weights[row] == a_w[b, k, m]
+    assert Segments.from_padded(tree["a_logp"], mask, answer_adv, a_w).old_logp is None
+
+
+def test_segments_from_padded_refuse_disagreeing_shapes():
+    logp, mask = torch.zeros(2, 3, 5), torch.ones(2, 3, 5, dtype=torch.bool)
+    with pytest.raises(ValueError, match="segment shapes disagree"):
+        Segments.from_padded(logp, mask, torch.zeros(2, 4), torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="segment shapes disagree"):
+        Segments.from_padded(logp, mask[..., :4], torch.zeros(2, 3), torch.zeros(2, 3))
+
+
+def test_loss_stats_weight_rates_by_tokens_and_average_losses_over_epochs():
+    tree = random_tree(5, batch=2, thoughts=2, answers=2)
+    thought_adv, answer_adv = grpo_ma_advantages(tree["rewards"])
+    t_w, a_w = grpo_ma_token_weights(tree["t_len"], tree["a_len"])
+    parts = [
+        Segments.from_padded(
+            tree["t_logp"],
+            length_mask(tree["t_len"], 7),
+            thought_adv,
+            t_w,
+            old_logp=tree["t_old"],
+            ref_logp=tree["t_ref"],
+        ),
+        Segments.from_padded(
+            tree["a_logp"],
+            length_mask(tree["a_len"], 4),
+            answer_adv,
+            a_w,
+            old_logp=tree["a_old"],
+            ref_logp=tree["a_ref"],
+        ),
+    ]
+    outputs = [policy_loss(p, clip_eps_low=EPS_LOW, clip_eps_high=EPS_HIGH, kl_beta=BETA) for p in parts]
+    stats = LossStats()
+    for _ in range(2):  # two policy epochs over the same batch
+        for output in outputs:
+            stats.add(output)
+    metrics = stats.metrics(epochs=2)
+    tokens = outputs[0].tokens + outputs[1].tokens
+    assert stats.tokens == 2 * tokens
+    assert metrics["loss/total"] == pytest.approx(float(outputs[0].loss + outputs[1].loss))
+    assert metrics["loss/policy"] == pytest.approx(float(outputs[0].policy_loss + outputs[1].policy_loss))
+    expected_kl = sum(float(o.kl) * o.tokens for o in outputs) / tokens
+    assert metrics["loss/kl"] == pytest.approx(expected_kl)
+    expected_clip = sum(float(o.clip_fraction) * o.tokens for o in outputs) / tokens
+    assert metrics["loss/clip_fraction"] == pytest.approx(expected_clip)
+    assert 0 < metrics["loss/clip_fraction"] < 1

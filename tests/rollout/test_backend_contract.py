@@ -27,12 +27,13 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
+from vlm_grpoma.algorithm.diagnostics import logprob_mismatch
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import Config, ModelConfig, RolloutConfig
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.models.families import ARCHS
 from vlm_grpoma.models.loading import load_model
-from vlm_grpoma.rollout.backends import build_rollout_engine, logprob_mismatch
+from vlm_grpoma.rollout.backends import build_rollout_engine
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.trainer.logprobs import path_log_probs
 

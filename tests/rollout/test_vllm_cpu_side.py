@@ -17,12 +17,13 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+from vlm_grpoma.algorithm.diagnostics import logprob_mismatch
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import Config, LoraConfig, ModelConfig, RolloutConfig
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import ConfigError, MissingDependencyError
 from vlm_grpoma.models.loading import load_model
-from vlm_grpoma.rollout.backends import GatheredHFRollout, build_rollout_engine, logprob_mismatch
+from vlm_grpoma.rollout.backends import GatheredHFRollout, build_rollout_engine
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.hf import HFRolloutEngine
 from vlm_grpoma.rollout.vllm import (

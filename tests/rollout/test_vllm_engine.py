@@ -14,12 +14,13 @@ import pytest
 import torch
 from PIL import Image
 
+from vlm_grpoma.algorithm.diagnostics import logprob_mismatch
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import Config, LoraConfig, ModelConfig, RolloutConfig, VLLMConfig
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import ConfigError
 from vlm_grpoma.models.loading import load_model
-from vlm_grpoma.rollout.backends import build_rollout_engine, logprob_mismatch
+from vlm_grpoma.rollout.backends import build_rollout_engine
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.trainer.logprobs import path_log_probs
 

@@ -186,7 +186,7 @@ def test_repeated_updates_on_a_fixed_batch_raise_the_advantage_weighted_likeliho
     values = [weighted_likelihood()]
     for _ in range(4):
         trainer.engine.deepspeed.train()
-        trainer._update(tree, rewards)
+        trainer._update(tree, trainer._targets(tree, rewards))
         values.append(weighted_likelihood())
     assert all(b > a for a, b in zip(values, values[1:])), values
 

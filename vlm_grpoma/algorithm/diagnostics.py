@@ -4,11 +4,16 @@ GSS (after SPAM): ``GSS_t = ‖g_t‖ / mean_{s≤t} ‖g_s‖`` on the global g
 reports GSS@10, the steps whose score exceeds 10. The thought-advantage variance is the noise that answer
 sampling puts into a thought's advantage; GRPO-MA's theory says it has a floor in K and decays like 1/M:
 ``Var(A_k) → σ_k² / (M·τ² + σ̄²)`` as K → ∞.
+
+Training/inference mismatch: a rollout engine's recorded log-probs ``q_t`` and the trainer's teacher-forced
+``p_t`` for the same tokens differ by kernel and precision effects (large for vLLM in bf16, ~0 for ``hf``);
+:func:`logprob_mismatch` reports ``mean |p_t - q_t|`` and the largest such difference over real tokens.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -67,3 +72,33 @@ def thought_advantage_variance(rewards: torch.Tensor) -> torch.Tensor:
     between = (rewards.mean(dim=-1).var(dim=-1) - within / answers).clamp(min=0.0)
     denominator = answers * between + within
     return torch.where(denominator > 0, within / denominator.clamp(min=1e-300), torch.zeros_like(within))
+
+
+@dataclass(frozen=True)
+class LogProbMismatch:
+    """``mean_abs`` / ``max_abs`` of ``trainer - rollout`` log-probs over ``tokens`` real tokens."""
+
+    mean_abs: float
+    max_abs: float
+    tokens: int
+
+    def metrics(self, prefix: str = "rollout/logp_mismatch") -> dict[str, float]:
+        return {f"{prefix}_mean": self.mean_abs, f"{prefix}_max": self.max_abs}
+
+
+def logprob_mismatch(pairs: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> LogProbMismatch:
+    """Mismatch over ``(trainer_logp, rollout_logp, mask)`` triples of matching shapes (e.g. the thought and
+    the answer tensors of a micro-batch: ``PathLogProbs.thought`` vs ``tree.thought_logprobs[chunk]``)."""
+    diffs = []
+    for trainer, rollout, mask in pairs:
+        if trainer.shape != rollout.shape or trainer.shape != mask.shape:
+            raise ValueError(
+                f"log-prob shapes differ: trainer {tuple(trainer.shape)}, rollout "
+                f"{tuple(rollout.shape)}, mask {tuple(mask.shape)}"
+            )
+        mask = mask.to(trainer.device, torch.bool)
+        diffs.append((trainer.detach().float() - rollout.to(trainer.device).float())[mask].abs())
+    flat = torch.cat(diffs) if diffs else torch.zeros(0)
+    if flat.numel() == 0:
+        return LogProbMismatch(0.0, 0.0, 0)
+    return LogProbMismatch(float(flat.mean()), float(flat.max()), int(flat.numel()))

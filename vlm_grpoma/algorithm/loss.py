@@ -81,6 +81,43 @@ class Segments:
     old_logp: torch.Tensor | None = None  # [S, T]; None: the sampling policy is the current one (μ = 1)
     ref_logp: torch.Tensor | None = None  # [S, T]; None: no KL term
 
+    @classmethod
+    def from_padded(
+        cls,
+        logp: torch.Tensor,
+        mask: torch.Tensor,
+        advantages: torch.Tensor,
+        token_weights: torch.Tensor,
+        *,
+        old_logp: torch.Tensor | None = None,
+        ref_logp: torch.Tensor | None = None,
+    ) -> Segments:
+        """Segments from a rollout tree's padded layout: ``logp``/``mask``/``old``/``ref`` ``[..., T]`` and
+        ``advantages``/``token_weights`` ``[...]`` (e.g. ``[b, K]`` thoughts or ``[b, K, M]`` answers), the
+        leading dimensions flattened into S and everything moved to ``logp``'s device."""
+        if (
+            mask.shape != logp.shape
+            or advantages.shape != logp.shape[:-1]
+            or token_weights.shape != advantages.shape
+        ):
+            raise ValueError(
+                f"segment shapes disagree: logp {tuple(logp.shape)}, mask {tuple(mask.shape)}, advantages "
+                f"{tuple(advantages.shape)}, token_weights {tuple(token_weights.shape)}"
+            )
+        tokens, device = logp.shape[-1], logp.device
+
+        def flat(values: torch.Tensor | None) -> torch.Tensor | None:
+            return None if values is None else values.reshape(-1, tokens).to(device)
+
+        return cls(
+            logp=logp.reshape(-1, tokens),
+            mask=flat(mask),
+            advantages=advantages.reshape(-1).to(device),
+            token_weights=token_weights.reshape(-1).to(device),
+            old_logp=flat(old_logp),
+            ref_logp=flat(ref_logp),
+        )
+
 
 @dataclass
 class LossOutput:
@@ -93,6 +130,42 @@ class LossOutput:
     clip_low_fraction: torch.Tensor
     clip_high_fraction: torch.Tensor
     tokens: int
+
+
+@dataclass
+class LossStats:
+    """Sums of :class:`LossOutput` parts over the micro-batches and policy epochs of one training step."""
+
+    loss: float = 0.0
+    policy_loss: float = 0.0
+    kl_tokens: float = 0.0  # token-weighted: the sum of each output's mean KL times its tokens
+    clipped_tokens: float = 0.0
+    clipped_low_tokens: float = 0.0
+    clipped_high_tokens: float = 0.0
+    tokens: int = 0
+
+    def add(self, output: LossOutput) -> None:
+        tokens = output.tokens
+        self.loss += float(output.loss.detach())
+        self.policy_loss += float(output.policy_loss)
+        self.kl_tokens += float(output.kl) * tokens
+        self.clipped_tokens += float(output.clip_fraction) * tokens
+        self.clipped_low_tokens += float(output.clip_low_fraction) * tokens
+        self.clipped_high_tokens += float(output.clip_high_fraction) * tokens
+        self.tokens += tokens
+
+    def metrics(self, epochs: int) -> dict[str, float]:
+        """Per-step losses (summed over micro-batches, averaged over the ``epochs`` optimizer steps) and
+        per-token rates (over every trained token of every epoch)."""
+        tokens = max(self.tokens, 1)
+        return {
+            "loss/total": self.loss / epochs,
+            "loss/policy": self.policy_loss / epochs,
+            "loss/kl": self.kl_tokens / tokens,
+            "loss/clip_fraction": self.clipped_tokens / tokens,
+            "loss/clip_low_fraction": self.clipped_low_tokens / tokens,
+            "loss/clip_high_fraction": self.clipped_high_tokens / tokens,
+        }
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

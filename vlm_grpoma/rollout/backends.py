@@ -1,15 +1,11 @@
-"""Choosing the rollout backend from the config, and measuring how far its log-probs drift from the trainer's.
+"""Choosing the rollout backend from the config.
 
 ``build_rollout_engine`` returns a :class:`~vlm_grpoma.rollout.engine.RolloutEngine` for ``rollout.backend``:
 ``hf`` samples from the live training module (ZeRO-3 parameters gathered around each rollout), ``vllm`` builds
 a colocated vLLM engine (a CUDA or a CPU build of vLLM; imported lazily, so this module loads everywhere).
 Each backend follows the trained policy through its own ``update_weights``, which the trainer calls after
-every optimizer step (a no-op for ``hf``).
-
-Training/inference mismatch. A rollout engine's recorded log-probs ``q_t`` and the trainer's teacher-forced
-``p_t`` for the same tokens differ by kernel and precision effects (large for vLLM in bf16, ~0 for ``hf``).
-``logprob_mismatch`` reports ``mean |p_t - q_t|`` and the largest such difference over real tokens; the
-trainer logs both every step. No importance-sampling correction for that mismatch is applied yet.
+every optimizer step (a no-op for ``hf``). How far a backend's recorded log-probs drift from the trainer's is
+measured by :func:`vlm_grpoma.algorithm.diagnostics.logprob_mismatch`.
 """
 
 from __future__ import annotations
@@ -80,37 +76,3 @@ def build_rollout_engine(
         engine.update_weights(model)
         return engine
     raise ValueError(f"rollout.backend: unknown backend {backend!r}; expected hf or vllm")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Training/inference mismatch
-
-
-@dataclass(frozen=True)
-class LogProbMismatch:
-    """``mean_abs`` / ``max_abs`` of ``trainer - rollout`` log-probs over ``tokens`` real tokens."""
-
-    mean_abs: float
-    max_abs: float
-    tokens: int
-
-    def metrics(self, prefix: str = "rollout/logp_mismatch") -> dict[str, float]:
-        return {f"{prefix}_mean": self.mean_abs, f"{prefix}_max": self.max_abs}
-
-
-def logprob_mismatch(pairs: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> LogProbMismatch:
-    """Mismatch over ``(trainer_logp, rollout_logp, mask)`` triples of matching shapes (e.g. the thought and
-    the answer tensors of a micro-batch: ``PathLogProbs.thought`` vs ``tree.thought_logprobs[chunk]``)."""
-    diffs = []
-    for trainer, rollout, mask in pairs:
-        if trainer.shape != rollout.shape or trainer.shape != mask.shape:
-            raise ValueError(
-                f"log-prob shapes differ: trainer {tuple(trainer.shape)}, rollout "
-                f"{tuple(rollout.shape)}, mask {tuple(mask.shape)}"
-            )
-        mask = mask.to(trainer.device, torch.bool)
-        diffs.append((trainer.detach().float() - rollout.to(trainer.device).float())[mask].abs())
-    flat = torch.cat(diffs) if diffs else torch.zeros(0)
-    if flat.numel() == 0:
-        return LogProbMismatch(0.0, 0.0, 0)
-    return LogProbMismatch(float(flat.mean()), float(flat.max()), int(flat.numel()))

@@ -177,8 +177,7 @@ class Trainer:
         return [self.records[i] for i in indices]
 
     def gradient_metrics(self, grad_norm: float) -> dict[str, float]:
-        """Advance the step counter and report the gradient norm with its spike score (GSS, GSS@10)."""
-        self.step += 1
+        """The step's gradient norm with its spike score (GSS, GSS@10)."""
         return {
             "train/grad_norm": grad_norm,
             "train/gss": self.gss.update(grad_norm),
@@ -240,6 +239,7 @@ class Trainer:
                 f"a collective of training step {self.step + 1}", self.config.train.dist_timeout_s
             ):
                 metrics = self.train_step()
+                self.step += 1
                 self.trained_seconds += metrics["time/step_s"]
                 metrics["time/trained_s"] = self.trained_seconds
                 final = self.step >= self.config.train.steps or self.budget_spent()

@@ -11,40 +11,30 @@ makes the engine skip the optimizer step on every rank (weights untouched), whic
 from __future__ import annotations
 
 import argparse
-import logging
-import math
 import time
-from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from vlm_grpoma.algorithm import (
-    Segments,
-    grpo_ma_advantages,
-    grpo_ma_token_weights,
-    policy_loss,
-    thought_advantage_variance,
-)
-from vlm_grpoma.algorithm.advantages import thought_values
+from vlm_grpoma.algorithm import LossStats, Segments, grpo_ma_advantages, grpo_ma_token_weights, policy_loss
+from vlm_grpoma.algorithm.diagnostics import logprob_mismatch
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import ConfigError
 from vlm_grpoma.models.record_checks import screen_records
 from vlm_grpoma.rewards.registry import build_rewards
-from vlm_grpoma.rollout.backends import build_rollout_engine, logprob_mismatch
+from vlm_grpoma.rollout.backends import build_rollout_engine
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.trainer.base import Trainer
 from vlm_grpoma.trainer.evaluation import EvalSet, evaluate_sets, greedy_params, load_eval_sets
-from vlm_grpoma.trainer.logging import reduce_metrics, sum_over_ranks
+from vlm_grpoma.trainer.logging import reduce_metrics
 from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
 from vlm_grpoma.trainer.packed import shared_prefix_log_probs
 from vlm_grpoma.trainer.samples import completion_samples
 from vlm_grpoma.trainer.scoring import score_tree
-
-log = logging.getLogger(__name__)
+from vlm_grpoma.trainer.step_metrics import PhaseTimer, global_reward_metrics, reward_metrics, rollout_metrics
 
 
 def sampling_seed(seed: int, step: int, rank: int) -> int:
@@ -52,15 +42,42 @@ def sampling_seed(seed: int, step: int, rank: int) -> int:
     return (seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**63 - 1)
 
 
-@dataclass
-class _UpdateStats:
-    """Sums over the micro-batches of one step, turned into metrics at the end."""
+@dataclass(frozen=True)
+class SegmentTargets:
+    """What each segment of an optimizer batch is trained towards: its advantage and its per-token weight."""
 
-    sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    thought_adv: torch.Tensor  # [B, K]
+    answer_adv: torch.Tensor  # [B, K, M]
+    thought_weights: torch.Tensor  # [B, K]
+    answer_weights: torch.Tensor  # [B, K, M]
 
-    def add(self, **values: float) -> None:
-        for key, value in values.items():
-            self.sums[key] += float(value)
+
+def tree_segments(
+    tree: RolloutTree,
+    chunk: list[int],
+    logp: PathLogProbs,
+    targets: SegmentTargets,
+    old: PathLogProbs | None,
+    ref: PathLogProbs | None,
+) -> tuple[Segments, Segments]:
+    """The thought and the answer segments of one micro-batch (the prompts ``chunk`` of the tree)."""
+    thoughts = Segments.from_padded(
+        logp.thought,
+        tree.thought_mask[chunk],
+        targets.thought_adv[chunk],
+        targets.thought_weights[chunk],
+        old_logp=None if old is None else old.thought,
+        ref_logp=None if ref is None else ref.thought,
+    )
+    answers = Segments.from_padded(
+        logp.answer,
+        tree.answer_mask[chunk],
+        targets.answer_adv[chunk],
+        targets.answer_weights[chunk],
+        old_logp=None if old is None else old.answer,
+        ref_logp=None if ref is None else ref.answer,
+    )
+    return thoughts, answers
 
 
 class GRPOMATrainer(Trainer):
@@ -130,169 +147,87 @@ class GRPOMATrainer(Trainer):
         compute = shared_prefix_log_probs if self.config.train.logprob_pass == "shared" else path_log_probs
         return compute(model, tree, chunk, self.adapter.tokens)
 
-    def _update(self, tree: RolloutTree, rewards: torch.Tensor) -> tuple[dict[str, float], list[float]]:
-        """μ policy epochs over the micro-batches (one optimizer step each); returns loss statistics and the
-        epochs' gradient norms (GSS tracks the last epoch's, one score per training step)."""
+    def _targets(self, tree: RolloutTree, rewards: torch.Tensor) -> SegmentTargets:
+        """GRPO-MA advantages of the step's rewards and token weights of the whole optimizer batch."""
         config, algo = self.config, self.config.algorithm
         thought_adv, answer_adv = grpo_ma_advantages(
             rewards, scale=algo.advantage_scale, eps=algo.advantage_eps
         )
-        thought_w, answer_w = grpo_ma_token_weights(
+        thought_weights, answer_weights = grpo_ma_token_weights(
             tree.thought_lengths,
             tree.answer_lengths,
             aggregation=algo.loss_aggregation,
             thought_loss_weight=algo.thought_loss_weight,
             max_completion_tokens=config.rollout.max_thought_tokens + config.rollout.max_answer_tokens,
         )
-        b_count = rewards.shape[0]
-        size = config.train.micro_batch_prompts
-        chunks = [list(range(i, min(i + size, b_count))) for i in range(0, b_count, size)]
+        return SegmentTargets(thought_adv, answer_adv, thought_weights, answer_weights)
+
+    def _update(self, tree: RolloutTree, targets: SegmentTargets) -> tuple[dict[str, float], float]:
+        """μ policy epochs over the micro-batches, one optimizer step each; returns the update's metrics and the
+        last epoch's gradient norm (GSS scores one norm per training step)."""
+        algo, engine = self.config.algorithm, self.engine
+        size = self.config.train.micro_batch_prompts
+        chunks = [list(range(i, min(i + size, tree.shape[0]))) for i in range(0, tree.shape[0], size)]
         old = ref = None
-        if algo.policy_epochs > 1:
+        if algo.policy_epochs > 1:  # the sampling policy, fixed for every epoch
             with torch.no_grad():
-                old = [self._log_probs(self.engine.deepspeed, tree, chunk) for chunk in chunks]
-        if self.engine.has_reference:
-            with self.engine.reference() as reference:
+                old = [self._log_probs(engine.deepspeed, tree, chunk) for chunk in chunks]
+        if engine.has_reference:
+            with engine.reference() as reference:
                 ref = [self._log_probs(reference, tree, chunk) for chunk in chunks]
-        stats, grad_norms, mismatch = _UpdateStats(), [], []
+        losses, steps, pairs = LossStats(), [], []
+        loss_options = {
+            "clip_eps_low": algo.clip_eps_low,
+            "clip_eps_high": algo.clip_eps_high,
+            "kl_beta": algo.kl_beta,
+            "kl_estimator": algo.kl_estimator,
+        }
         for epoch in range(algo.policy_epochs):
             for index, chunk in enumerate(chunks):
-                logp = self._log_probs(self.engine.deepspeed, tree, chunk)
+                logp = self._log_probs(engine.deepspeed, tree, chunk)
                 if epoch == 0:  # the policy that sampled the tree: its log-probs should match the rollout's
-                    mismatch += [
-                        (logp.thought, tree.thought_logprobs[chunk], tree.thought_mask[chunk]),
-                        (logp.answer, tree.answer_logprobs[chunk], tree.answer_mask[chunk]),
-                    ]
-                device = logp.thought.device
-                parts = []
-                for kind, values, mask, adv, weights in (
-                    ("thought", logp.thought, tree.thought_mask, thought_adv, thought_w),
-                    ("answer", logp.answer, tree.answer_mask, answer_adv, answer_w),
-                ):
-                    dims = values.dim() - 1  # flatten [b, K(, M)] into segments
-                    segments = Segments(
-                        logp=values.flatten(0, dims - 1),
-                        mask=mask[chunk].flatten(0, dims - 1).to(device),
-                        advantages=adv[chunk].flatten().to(device),
-                        token_weights=weights[chunk].flatten().to(device),
-                        old_logp=None if old is None else getattr(old[index], kind).flatten(0, dims - 1),
-                        ref_logp=None if ref is None else getattr(ref[index], kind).flatten(0, dims - 1),
-                    )
-                    parts.append(
-                        policy_loss(
-                            segments,
-                            clip_eps_low=algo.clip_eps_low,
-                            clip_eps_high=algo.clip_eps_high,
-                            kl_beta=algo.kl_beta,
-                            kl_estimator=algo.kl_estimator,
-                        )
-                    )
-                self.engine.backward(parts[0].loss + parts[1].loss)
-                tokens = parts[0].tokens + parts[1].tokens
-                stats.add(
-                    loss=sum(float(p.loss.detach()) for p in parts),
-                    policy_loss=sum(float(p.policy_loss) for p in parts),
-                    kl_tokens=sum(float(p.kl) * p.tokens for p in parts),
-                    clipped_tokens=sum(float(p.clip_fraction) * p.tokens for p in parts),
-                    clipped_low_tokens=sum(float(p.clip_low_fraction) * p.tokens for p in parts),
-                    clipped_high_tokens=sum(float(p.clip_high_fraction) * p.tokens for p in parts),
-                    tokens=tokens,
-                )
-            result = self.engine.step()
-            self.rollout.update_weights(self.engine)
-            grad_norms.append(result.grad_norm)
-            stats.add(skipped=float(result.skipped), learning_rate=result.learning_rate)
-        epochs = algo.policy_epochs
-        s = stats.sums
-        return (
-            {
-                "loss/total": s["loss"] / epochs,
-                "loss/policy": s["policy_loss"] / epochs,
-                "loss/kl": s["kl_tokens"] / max(s["tokens"], 1),
-                "loss/clip_fraction": s["clipped_tokens"] / max(s["tokens"], 1),
-                "loss/clip_low_fraction": s["clipped_low_tokens"] / max(s["tokens"], 1),
-                "loss/clip_high_fraction": s["clipped_high_tokens"] / max(s["tokens"], 1),
-                "train/skipped_steps": s["skipped"],
-                "train/learning_rate": s["learning_rate"] / epochs,
-                "adv/thought_abs_mean": float(thought_adv.abs().mean()),
-                "adv/answer_abs_mean": float(answer_adv.abs().mean()),
-                **logprob_mismatch(mismatch).metrics(),
-            },
-            grad_norms,
-        )
+                    pairs.append((logp.thought, tree.thought_logprobs[chunk], tree.thought_mask[chunk]))
+                    pairs.append((logp.answer, tree.answer_logprobs[chunk], tree.answer_mask[chunk]))
+                fixed = [None if values is None else values[index] for values in (old, ref)]
+                segments = tree_segments(tree, chunk, logp, targets, *fixed)
+                outputs = [policy_loss(part, **loss_options) for part in segments]
+                engine.backward(outputs[0].loss + outputs[1].loss)
+                for output in outputs:
+                    losses.add(output)
+            steps.append(engine.step())
+            self.rollout.update_weights(engine)
+        metrics = losses.metrics(algo.policy_epochs) | {
+            "train/skipped_steps": float(sum(result.skipped for result in steps)),
+            "train/learning_rate": sum(result.learning_rate for result in steps) / len(steps),
+            "adv/thought_abs_mean": float(targets.thought_adv.abs().mean()),
+            "adv/answer_abs_mean": float(targets.answer_adv.abs().mean()),
+        }
+        return metrics | logprob_mismatch(pairs).metrics(), steps[-1].grad_norm
 
     def train_step(self) -> dict[str, float]:
-        """Run one training step on this rank's share of the prompts; returns the metrics (all ranks)."""
-        start = time.perf_counter()
-        records = self.next_records()
-        tree = self._rollout(records)
-        rolled = time.perf_counter()
-        result, rewards, parsed = score_tree(tree, records, self.adapter, self.rewards)
-        scored = time.perf_counter()
+        """One step on this rank's share of the prompts: rollout, rewards, update; the metrics of all ranks."""
+        timer, records = PhaseTimer(), self.next_records()
+        with timer("rollout"):
+            tree = self._rollout(records)
+        with timer("reward"):
+            result, rewards, parsed = score_tree(tree, records, self.adapter, self.rewards)
         samples = completion_samples(tree, records, result, parsed, self.config.logging.samples)
         self.logger.log_samples(self.step + 1, samples)
-        update, grad_norms = self._update(tree, rewards)
-        updated = time.perf_counter()
-
-        finite = torch.isfinite(rewards)
-        values = rewards[finite]
-        per_thought = thought_values(rewards)
-        has_value = torch.isfinite(per_thought)
-        local = {
-            "answers/parse_rate": float(parsed.float().mean()),
-            "groups/zero_thought_variance": float(  # fewer than two distinct finite thought values
-                (
-                    per_thought.where(has_value, -math.inf).amax(-1)
-                    <= per_thought.where(has_value, math.inf).amin(-1)
-                )
-                .float()
-                .mean()
-            ),
-            "variance/thought_adv_estimate": float(thought_advantage_variance(rewards).nanmean()),
-            "lengths/thought_mean": float(tree.thought_lengths.float().mean()),
-            "lengths/answer_mean": float(tree.answer_lengths.float().mean()),
-            "truncation/thought_rate": float(tree.thought_truncated.float().mean()),
-            "truncation/answer_rate": float(tree.answer_truncated.float().mean()),
-            "time/rollout_s": rolled - start,
-            "time/reward_s": scored - rolled,
-            "time/update_s": updated - scored,
-            "tokens_per_s": float(tree.thought_mask.sum() + tree.answer_mask.sum())
-            / max(rolled - start, 1e-9),
-            **update,
-        }
-        for name, component in result.components.items():
-            local[f"reward/{name}_mean"] = float(torch.tensor(component, dtype=torch.float64).nanmean())
+        with timer("update"):
+            update, grad_norm = self._update(tree, self._targets(tree, rewards))
+        local = (
+            rollout_metrics(tree, timer.seconds["rollout"])
+            | reward_metrics(rewards, parsed, result)
+            | update
+            | timer.metrics()
+        )
         timeout = self.config.train.dist_timeout_s
         metrics = reduce_metrics(local, timeout_s=timeout)
-        # Mean and std over every finite reward of every rank (ranks may hold different numbers of them).
-        sums = reduce_metrics(
-            {
-                "n": float(values.numel()),
-                "sum": float(values.sum()),
-                "sq": float((values.double() ** 2).sum()),
-                "non_finite": float((~finite).sum()),
-            },
-            "sum",
-            timeout,
+        metrics |= global_reward_metrics(
+            rewards, result.failures, timeout, step=self.step + 1, is_main=self.dist.is_main
         )
-        mean = sums["sum"] / sums["n"] if sums["n"] else math.nan
-        metrics["reward/total_mean"] = mean
-        metrics["reward/total_std"] = (
-            math.sqrt(max(sums["sq"] / sums["n"] - mean**2, 0.0)) if sums["n"] else math.nan
-        )
-        metrics["reward/non_finite"] = sums["non_finite"]
-        metrics.update(
-            {f"failures/{k}": float(v) for k, v in sum_over_ranks(result.failures, timeout).items()}
-        )
-        metrics.update(self.gradient_metrics(grad_norms[-1]))
-        if sums["non_finite"] and self.dist.is_main:
-            log.warning(
-                "step %d: %d answer(s) got a non-finite reward; they were left out of their groups' statistics "
-                "with advantage 0 (reward/non_finite)",
-                self.step,
-                int(sums["non_finite"]),
-            )
-        metrics["time/step_s"] = time.perf_counter() - start
+        metrics |= self.gradient_metrics(grad_norm)
+        metrics["time/step_s"] = timer.elapsed()
         return metrics
 
 
