@@ -90,3 +90,51 @@ def test_token_budget_micro_batches_give_the_one_micro_batch_gradient(tiny_model
     assert len(whole) == len(split) and any(w.abs().sum() > 0 for w in whole)
     for a, b in zip(split, whole):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_grpo_ma_step_under_a_token_budget_equals_one_micro_batch(stage, make_config, tmp_path):
+    """The trainer with train.micro_batch_tokens takes the step one micro-batch of every prompt takes (the
+    same gradient norm and weights), in more, budget-bounded micro-batches."""
+    from length_reward import AnswerLength  # noqa: F401  (registers test_answer_length)
+
+    from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
+    from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
+
+    data = generate_shapes("detection", 4, tmp_path / "data", seed=0, config=EASY)
+    common = (
+        f"data.train_path={data}",
+        "rewards.weights={test_answer_length: 1.0}",
+        "train.steps=1",
+        "train.prompts_per_step=4",
+        f"deepspeed.zero_stage={stage}",
+        "rollout.num_thoughts=2",
+        "rollout.answers_per_thought=2",
+        "rollout.max_thought_tokens=8",
+        "rollout.max_answer_tokens=6",
+    )
+    results = {}
+    for name, extra in (("one", "train.micro_batch_prompts=4"), ("budget", "train.micro_batch_tokens=480")):
+        trainer = GRPOMATrainer(make_config(*common, extra, f"logging.output_dir={tmp_path / name}"))
+        compute, sizes = trainer._log_probs, []  # one training forward per micro-batch (no KL, one epoch)
+
+        def log_probs(model, tree, chunk, compute=compute, sizes=sizes):
+            lengths, _ = row_tokens(tree, "shared")
+            sizes.append(len(chunk) * max(lengths[i] for i in chunk))
+            return compute(model, tree, chunk)
+
+        trainer._log_probs = log_probs
+        (metrics,) = trainer.train()
+        params = {n: p.detach().clone() for n, p in trainer.engine.module.named_parameters()}
+        results[name] = (metrics, params, len(sizes), sizes)
+        trainer.engine.close()
+    (one, one_params, one_calls, _), (budget, budget_params, budget_calls, sizes) = (
+        results["one"],
+        results["budget"],
+    )
+    assert one_calls == 1 and 2 <= budget_calls < 4
+    assert all(size <= 480 for size in sizes), sizes
+    assert budget["train/grad_norm"] == pytest.approx(one["train/grad_norm"], rel=1e-5)
+    assert budget["loss/total"] == pytest.approx(one["loss/total"], rel=1e-5, abs=1e-7)
+    for name, value in one_params.items():
+        torch.testing.assert_close(budget_params[name], value, atol=1e-5, rtol=0)

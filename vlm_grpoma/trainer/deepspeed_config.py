@@ -70,8 +70,13 @@ def deepspeed_config(config: Config, world_size: int, *, on_gpu: bool) -> dict[s
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu}
     ds.update(
         train_batch_size=config.train.prompts_per_step,
-        train_micro_batch_size_per_gpu=config.train.micro_batch_prompts,
-        gradient_accumulation_steps=gradient_accumulation_steps(config, world_size),
+        # token-budget runs: up to one micro-batch per prompt, the step's count set by TrainingEngine.plan_step
+        train_micro_batch_size_per_gpu=1
+        if config.train.micro_batch_tokens
+        else config.train.micro_batch_prompts,
+        gradient_accumulation_steps=config.train.prompts_per_step // world_size
+        if config.train.micro_batch_tokens
+        else gradient_accumulation_steps(config, world_size),
         gradient_clipping=config.optim.max_grad_norm,
         zero_optimization=zero,
         bf16={"enabled": precision == "bf16", "check_grad_overflow": True},

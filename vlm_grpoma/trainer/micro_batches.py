@@ -14,7 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
+from vlm_grpoma.config import TrainConfig
 from vlm_grpoma.rollout.tree import RolloutTree
+from vlm_grpoma.trainer.logging import reduce_metrics
 
 
 def row_tokens(tree: RolloutTree, logprob_pass: str) -> tuple[list[int], int]:
@@ -70,3 +72,15 @@ def split_to(groups: list[list[int]], count: int) -> list[list[int]]:
 def prompts_per_micro_batch(budget: int, row_len: int, rows_per_prompt: int) -> int:
     """How many prompts of rows of ``row_len`` tokens a ``budget``-token micro-batch holds (at least one)."""
     return max(budget // (row_len * rows_per_prompt), 1)
+
+
+def micro_batches(lengths: Sequence[int], rows_per_prompt: int, train: TrainConfig) -> list[list[int]]:
+    """This rank's micro-batches of ``train``'s kind; under a token budget every rank makes as many as the rank
+    that needs the most (all ranks call this)."""
+    if not train.micro_batch_tokens:
+        return fixed_count(len(lengths), train.micro_batch_prompts)
+    groups = token_budget(lengths, rows_per_prompt, train.micro_batch_tokens)
+    count = reduce_metrics({"micro_batches": float(len(groups))}, "max", train.dist_timeout_s)[
+        "micro_batches"
+    ]
+    return split_to(groups, int(count))
