@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from vlm_grpoma import __version__
-from vlm_grpoma.config import load_config, validate
+from vlm_grpoma.config import check_optional_dependencies, config_reference, load_config, validate
 from vlm_grpoma.datasets.converters.registry import FORMATS
 from vlm_grpoma.datasets.schema import TASKS
 from vlm_grpoma.errors import DistributedError, UserError
@@ -31,10 +34,41 @@ class Command:
     add_arguments: Callable[[argparse.ArgumentParser], None]
 
 
+class _IntermixedParser(argparse.ArgumentParser):
+    """A subcommand parser whose positionals (config overrides) may sit between its flags:
+    ``train train.steps=3 --config run.yaml seed=1`` parses as ``--config run.yaml train.steps=3 seed=1``."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._intermixing:  # the two passes of parse_known_intermixed_args
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
+def config_keys_help() -> str:
+    """Every config key with its default, type, range and doc line (the epilog of ``train/sft --help``)."""
+    lines = ["config keys (set any as key=value, before or after the flags; default, type, range):"]
+    for doc in config_reference():
+        facts = ", ".join(part for part in (doc.type, doc.range) if part)
+        lines.append(f"  {doc.key}={json.dumps(doc.default)}  ({facts})")
+        lines.append(textwrap.fill(doc.doc, width=106, initial_indent=" " * 6, subsequent_indent=" " * 6))
+    return "\n".join(lines)
+
+
 def _config_args(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = config_keys_help()
     p.add_argument("--config", required=True, help="YAML run config")
     p.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. rollout.num_thoughts=4"
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted overrides, e.g. rollout.num_thoughts=4 (the keys are listed below)",
     )
 
 
@@ -391,7 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
         "A run: check-data, sft, train, eval / manip-eval; `vlm-grpoma COMMAND --help` for each.",
     )
     parser.add_argument("--version", action="version", version=f"vlm-grpoma {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_IntermixedParser
+    )
     for command in COMMANDS:
         p = sub.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(p)
@@ -412,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             # Validate before anything heavy: the world size comes from the launcher's environment.
             args.config_obj = load_config(args.config, args.overrides)
             validate(args.config_obj, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+            check_optional_dependencies(args.config_obj, command.name)  # before any model loads
         return int(_resolve(command)(args) or 0)
     except UserError as err:
         message = " ".join(str(err).split())  # one line, whatever the library put in it

@@ -82,7 +82,7 @@ def read_run(run_dir: Path, headline: str) -> RunSeries:
         reward=series("reward/total_mean"),
         headline_reward=series(f"reward/{headline}_mean"),
         grad_norm=series("train/grad_norm"),
-        gss=series("train/gss"),
+        gss=series("train/gss_running"),  # online score: comparable at equal steps across run lengths
         gss10_count=int(train[-1]["train/gss10_count"]) if train else 0,
         thought_variance=series("variance/thought_adv_estimate"),
         step_seconds=series("time/step_s"),

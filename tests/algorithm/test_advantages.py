@@ -98,3 +98,31 @@ def test_rejects_wrong_shape_and_scale():
 def test_integer_rewards_are_accepted():
     thought_adv, _ = grpo_ma_advantages(torch.tensor([[[1], [0]]]))
     assert thought_adv.dtype == torch.float32 and thought_adv[0, 0] > 0
+
+
+def test_permuted_equal_rewards_give_exactly_zero_thought_advantage():
+    """Each thought holds the same five rewards in another order. Summed in float32 in answer order, the
+    thought means differ in the last bit and normalising that gap by (std + eps) gave |A| ~ 1e-3; in float64
+    over sorted answers they are bit-equal, so the advantage is exactly 0."""
+    gen = torch.Generator().manual_seed(2)  # a draw whose float32 means differ in the last bit
+    base = torch.rand(5, generator=gen)
+    orders = [torch.randperm(5, generator=gen) for _ in range(8)]
+    rewards = torch.stack([base[o] for o in orders]).unsqueeze(0)  # [1, 8, 5]
+    float32_means = rewards.mean(dim=-1)
+    assert float32_means.amax() > float32_means.amin()  # the float32 path would see a spread
+    thought_adv, answer_adv = grpo_ma_advantages(rewards)
+    assert torch.equal(thought_adv, torch.zeros(1, 8))
+    flat = rewards.flatten().double()
+    expected = ((flat - flat.mean()) / (flat.std() + 1e-4)).view(1, 8, 5)
+    torch.testing.assert_close(answer_adv.double(), expected, rtol=0, atol=1e-6)
+
+
+def test_statistics_are_float64_and_the_result_keeps_the_rewards_dtype():
+    rewards = torch.rand(2, 3, 4, dtype=torch.float64)
+    assert all(a.dtype == torch.float64 for a in grpo_ma_advantages(rewards))
+    assert all(a.dtype == torch.float32 for a in grpo_ma_advantages(rewards.float()))
+    # 3e38 rewards (near float32's limit): float32 squares overflowed; float64 normalises them like small ones
+    huge = grpo_ma_advantages(rewards * 3e38, eps=0.0)
+    small = grpo_ma_advantages(rewards, eps=0.0)
+    for a, b in zip(huge, small):
+        torch.testing.assert_close(a, b)

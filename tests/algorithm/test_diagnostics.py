@@ -22,7 +22,6 @@ def test_gss_matches_definition_and_counts_spikes():
         assert tracker.update(norm) == pytest.approx(expected)
     # 300 / mean(first 22) = 300 / (24.5 + 300) * 22 > 10: one spike; 40 afterwards is not.
     assert tracker.spikes == 1
-    assert tracker.spike_fraction == pytest.approx(1 / len(norms))
 
 
 def test_gss_exactly_ten_times_the_mean_is_not_a_spike():
@@ -59,6 +58,56 @@ def test_gss_state_round_trip_continues_identically():
     b = GradientSpikeTracker()
     b.load_state_dict(a.state_dict())
     assert a.update(50.0) == b.update(50.0) and a.spikes == b.spikes
+
+
+def spam_gss(norms: list[float]) -> list[float]:
+    """SPAM's gradient spike score (Huang et al., 2025): each step's norm over the mean norm of the
+    whole run of T steps, ``|g_i| / ((1 / T) Σ_j |g_j|)``."""
+    mean = sum(norms) / len(norms)
+    return [n / mean for n in norms]
+
+
+def test_planted_spike_scores_against_the_run_mean_and_counts_at_the_end():
+    """A norm of 50 at step 6 of a 100-step run of norms 1: SPAM's GSS is 50 / (149 / 100) = 33.56 and counts
+    for GSS@10; the running score only divides by the first six steps' mean (50 / (55 / 6) = 5.45)."""
+    norms = [1.0] * 100
+    norms[5] = 50.0
+    tracker = GradientSpikeTracker()
+    running = [tracker.update(n) for n in norms]
+    assert running[5] == pytest.approx(50 / (55 / 6)) and round(running[5], 2) == 5.45
+    assert tracker.spikes == 0  # the running score never crossed 10
+    scores = tracker.run_scores()
+    assert scores == pytest.approx(spam_gss(norms)) and round(scores[5], 1) == 33.6
+    assert tracker.run_metrics() == {
+        "train/gss_max": pytest.approx(50 / 1.49),
+        "train/gss10_count": 1.0,
+        "train/gss10_fraction": pytest.approx(0.01),
+    }
+
+
+def test_run_gss_of_an_early_spike_the_running_score_cannot_see():
+    """At step 1 the running score is always 1; against the run's mean an opening spike still counts."""
+    tracker = GradientSpikeTracker()
+    norms = [40.0] + [1.0] * 29
+    for n in norms:
+        tracker.update(n)
+    assert tracker.spikes == 0 and tracker.run_metrics()["train/gss10_count"] == 1.0
+    assert tracker.run_scores() == pytest.approx(spam_gss(norms))
+
+
+def test_run_gss_skips_non_finite_norms_and_resumes_from_its_state():
+    a = GradientSpikeTracker()
+    for n in (1.0, math.inf, 2.0, math.nan, 30.0):
+        a.update(n)
+    b = GradientSpikeTracker()
+    b.load_state_dict(a.state_dict())
+    for tracker in (a, b):
+        tracker.update(1.0)
+    assert a.run_scores() == b.run_scores() == pytest.approx(spam_gss([1.0, 2.0, 30.0, 1.0]))
+    old = GradientSpikeTracker()  # a state saved before the norms were kept resumes the running score
+    old.load_state_dict({"threshold": 10.0, "steps": 3, "norm_sum": 6.0, "spikes": 0})
+    assert old.update(4.0) == pytest.approx(4.0 / (10.0 / 4)) and old.run_scores() == [1.0]
+    assert GradientSpikeTracker().run_metrics()["train/gss10_count"] == 0.0
 
 
 def test_variance_is_nan_without_several_answers_and_zero_without_answer_noise():

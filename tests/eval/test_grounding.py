@@ -189,10 +189,15 @@ def test_trajectory_metrics_hand_computed():
     ]
     report = score_predictions(preds)
     per = [p.scores for p in report.predictions]
-    for name in ("dfd", "hausdorff", "rmse"):
+    for name in ("dfd_resampled", "hausdorff_resampled", "rmse_resampled"):
         assert [s[name] for s in per] == pytest.approx([0.0, 0.1, math.sqrt(2)], abs=1e-12)
         assert report.tasks["trajectory"].metrics[name] == pytest.approx((0.1 + math.sqrt(2)) / 3)
         assert report.tasks["trajectory"].metrics[f"{name}_valid"] == pytest.approx(0.05)
+    # on the vertices the denser answer's middle vertex (0.5, 0) is 0.5 from both ground-truth vertices;
+    # RMSE interpolates the ground truth to 3 points by index, so (0.5, 0) meets (0.5, 0)
+    for name, denser in (("dfd", 0.5), ("hausdorff", 0.5), ("rmse", 0.0)):
+        assert [s[name] for s in per] == pytest.approx([denser, 0.1, math.sqrt(2)], abs=1e-12)
+        assert report.tasks["trajectory"].metrics[f"{name}_valid"] == pytest.approx((denser + 0.1) / 2)
     assert report.tasks["trajectory"].failures == {"too_few_points": 1}
 
 

@@ -84,3 +84,37 @@ def test_non_finite_rewards_are_summed_over_two_ranks(overrides, tmp_path):
     (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert row["reward/non_finite"] == 2.0 and row["train/skipped_steps"] == 0
     assert (out / "config.yaml").is_file()
+
+
+def test_an_infinite_reward_costs_its_answer_where_trl_zeroes_its_group():
+    """TRL leaves out only NaN: an ±inf reward makes the group mean infinite and nan_to_num zeroes every
+    advantage of the group. Ours: ±inf and rewards beyond MAX_REWARD_MAGNITUDE are left out like NaN."""
+    rewards = torch.tensor([[[math.inf], [1.0], [2.0], [3.0]], [[-math.inf], [1.0], [2.0], [1e300]]])
+    assert torch.equal(trl_nan_aware_advantages(rewards.flatten(), 4), torch.zeros(8))
+    thought_adv, answer_adv = grpo_ma_advantages(rewards)
+    rest = torch.tensor([1.0, 2.0, 3.0])
+    torch.testing.assert_close(thought_adv[0, 1:], (rest - rest.mean()) / (rest.std() + 1e-4))
+    assert thought_adv[0, 0] == 0.0 and answer_adv[0, 0, 0] == 0.0
+    pair = torch.tensor([1.0, 2.0])  # -inf and 1e300 left out: two usable rewards remain
+    torch.testing.assert_close(thought_adv[1, 1:3], (pair - pair.mean()) / (pair.std() + 1e-4))
+    assert thought_adv[1, 0] == 0.0 and thought_adv[1, 3] == 0.0
+
+
+def test_reward_statistics_are_float64_and_an_overflowing_reward_is_counted():
+    """#36 L16: float32 group statistics overflowed beyond ~1e19 (zero or NaN advantages; at 3e38 every step
+    was skipped while reward/non_finite read 0). Rewards are float64 now; one too large for float64's squares
+    becomes NaN, so it is left out and counted."""
+    from vlm_grpoma.algorithm.advantages import MAX_REWARD_MAGNITUDE
+    from vlm_grpoma.trainer.scoring import reward_tensor
+
+    rewards = reward_tensor([3e38, 0.0, 1.5e38, 2e300, math.inf, -1e150], (1, 6, 1))
+    assert rewards.dtype == torch.float64
+    assert torch.isnan(rewards[0, 3:5, 0]).all() and rewards[0, 5, 0] == -MAX_REWARD_MAGNITUDE
+    thought_adv, _ = grpo_ma_advantages(rewards)
+    kept = torch.tensor([3e38, 0.0, 1.5e38, -1e150], dtype=torch.float64)
+    expected = (kept - kept.mean()) / (kept.std() + 1e-4)
+    torch.testing.assert_close(thought_adv[0, [0, 1, 2, 5]], expected, rtol=1e-12, atol=0)
+    assert int((~torch.isfinite(rewards)).sum()) == 2  # what reward/non_finite counts
+    # the float32 statistics this replaces: the squares overflow and the advantages are NaN
+    as32 = torch.tensor([3e38, 0.0, 1.5e38])
+    assert not torch.isfinite(as32.std())

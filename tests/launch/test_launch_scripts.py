@@ -57,6 +57,8 @@ def test_train_sh_refuses_a_missing_config_or_hostfile_in_one_line(tmp_path):
 
 def test_train_sh_help_is_its_header():
     shown = subprocess.run(["bash", str(TRAIN_SH), "--help"], capture_output=True, text=True)
-    assert shown.returncode == 2
+    assert shown.returncode == 0 and shown.stderr == ""  # asked for: usage on stdout, success
     assert shown.stdout.startswith("Train under the DeepSpeed launcher")
     assert "set -euo" not in shown.stdout and shown.stdout.rstrip().endswith("hostfile.example into DIR.")
+    bare = subprocess.run(["bash", str(TRAIN_SH)], capture_output=True, text=True)
+    assert bare.returncode == 2 and bare.stdout == "" and bare.stderr == shown.stdout  # no config: misuse

@@ -204,4 +204,4 @@ def test_installed_wheel_works_outside_the_checkout(venv, tmp_path):
     for name in ("train.sh", "slurm.sbatch", "hostfile.example"):
         assert (user / "launch" / name).read_bytes() == (installed / "launch" / name).read_bytes()
     shown = subprocess.run(["bash", user / "launch" / "train.sh", "--help"], capture_output=True, text=True)
-    assert shown.returncode == 2 and shown.stdout.startswith("Train under the DeepSpeed launcher")
+    assert shown.returncode == 0 and shown.stdout.startswith("Train under the DeepSpeed launcher")

@@ -107,3 +107,38 @@ def test_filter_logits_matches_a_reference():
     kept = filter_logits(logits, 1.0, SamplingParams(top_p=p)).isfinite()
     assert kept.tolist() == [[True, False, False, False, True]]
     torch.testing.assert_close(filter_logits(logits, 0.5, SamplingParams()), logits / 0.5)
+
+
+def test_thought_loss_mask_drops_only_the_closing_tokens_of_truncated_thoughts(tree):
+    mask = tree.thought_loss_mask(closing_tokens=1)
+    # (1, 1) was truncated: its appended closing token (99, the 4th) is context only; the others are untouched
+    assert mask[1, 1].tolist() == [True, True, True, False]
+    mask[1, 1] = tree.thought_mask[1, 1]
+    assert torch.equal(mask, tree.thought_mask)
+    assert torch.equal(tree.thought_loss_mask(0), tree.thought_mask)
+
+
+def test_select_and_concatenate_keep_every_part_aligned(tree):
+    picked = tree.select([1])
+    assert picked.shape == (1, 2, 2) and picked.thought_texts == [["t2", "t3"]]
+    assert torch.equal(picked.answer_ids[0], tree.answer_ids[1]) and picked.prompts[0] is tree.prompts[1]
+    narrow = tree.select([0])
+    narrow.thought_ids, narrow.thought_mask = narrow.thought_ids[..., :3], narrow.thought_mask[..., :3]
+    narrow.thought_logprobs = narrow.thought_logprobs[..., :3]
+    narrow.seconds, picked.seconds = {"thoughts": 1.0}, {"thoughts": 2.0, "answers": 1.0}
+    joined = RolloutTree.concatenate([picked, narrow])
+    assert joined.shape == (2, 2, 2) and joined.thought_ids.shape[-1] == 4  # padded to the widest
+    assert joined.thought_finish == [tree.thought_finish[1], tree.thought_finish[0]]
+    assert torch.equal(joined.thought_tokens(1, 0), tree.thought_tokens(0, 0))
+    assert torch.equal(joined.answer_tokens(0, 1, 0), tree.answer_tokens(1, 1, 0))
+    assert joined.thought_ids[1, 0, 3] == PAD and not joined.thought_mask[1, 0, 3]
+    assert joined.seconds == {"thoughts": 3.0, "answers": 1.0}
+
+
+def test_tempered_log_prob_temperature_follows_the_phase():
+    params = SamplingParams(temperature=0.7, answer_temperature=0.0, tempered_logprobs=True)
+    assert params.logprob_temperature(params.temperature) == 0.7
+    assert (
+        params.logprob_temperature(params.phase2_temperature) == 1.0
+    )  # greedy has no distribution of its own
+    assert SamplingParams(temperature=0.7).logprob_temperature(0.7) == 1.0  # raw log-probs

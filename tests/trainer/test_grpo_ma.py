@@ -27,6 +27,17 @@ class Poisoned:
 register_reward("test_poisoned", Poisoned)
 
 
+class Huge:
+    """Rewards near float32's limit (3e38, which skipped every step with float32 statistics) and one beyond
+    what float64 squares hold (1e300): that one is counted and left out, the others train."""
+
+    def score(self, completions, records):
+        return RewardResult([1e300] + [3e38 * (i % 3) for i in range(1, len(completions))])
+
+
+register_reward("test_huge", Huge)
+
+
 @pytest.fixture(scope="module")
 def data_path(tmp_path_factory):
     return generate_shapes("detection", 8, tmp_path_factory.mktemp("shapes"), seed=0, config=EASY)
@@ -60,7 +71,7 @@ def test_trains_k4_m4_with_finite_metrics_and_changes_weights(make_config, data_
             "reward/test_answer_length_mean",
             "loss/total",
             "train/grad_norm",
-            "train/gss",
+            "train/gss_running",
             "time/rollout_s",
             "time/update_s",
             "lengths/thought_mean",
@@ -70,7 +81,10 @@ def test_trains_k4_m4_with_finite_metrics_and_changes_weights(make_config, data_
         assert metrics["train/skipped_steps"] == 0
         # the transformers rollout samples from the policy being trained: its log-probs are the trainer's
         assert metrics["rollout/logp_mismatch_mean"] < 1e-4
-    assert history[0]["train/gss"] == pytest.approx(1.0)
+    assert history[0]["train/gss_running"] == pytest.approx(1.0)
+    assert (
+        "train/gss10_count" not in history[0] and history[-1]["train/gss10_count"] == 0.0
+    )  # the run's, at its end
     assert any(not torch.equal(before[n], after[n]) for n in before)
     lines = trainer.config.logging.output_dir + "/metrics.jsonl"
     logged = [json.loads(line) for line in open(lines)]
@@ -119,6 +133,17 @@ def test_nan_reward_is_counted_and_the_step_still_trains(make_config, data_path)
     metrics = trainer.train()[0]
     assert metrics["train/skipped_steps"] == 0 and metrics["reward/non_finite"] == 1
     assert math.isfinite(metrics["loss/total"]) and math.isfinite(metrics["reward/total_mean"])
+    assert any(not torch.equal(before[n], p) for n, p in parameters(trainer).items())
+
+
+def test_huge_rewards_train_and_an_overflowing_one_is_counted_as_non_finite(make_config, data_path):
+    trainer = GRPOMATrainer(
+        make_config(*overrides(data_path, "train.steps=1"), "rewards.weights={test_huge: 1.0}")
+    )
+    before = parameters(trainer)
+    metrics = trainer.train()[0]
+    assert metrics["train/skipped_steps"] == 0 and metrics["reward/non_finite"] == 1
+    assert math.isfinite(metrics["loss/total"]) and metrics["adv/answer_abs_mean"] > 0.5
     assert any(not torch.equal(before[n], p) for n, p in parameters(trainer).items())
 
 

@@ -118,10 +118,10 @@ def test_grpo_ma_step_under_a_token_budget_equals_one_micro_batch(stage, make_co
         trainer = GRPOMATrainer(make_config(*common, extra, f"logging.output_dir={tmp_path / name}"))
         compute, sizes = trainer._log_probs, []  # one training forward per micro-batch (no KL, one epoch)
 
-        def log_probs(model, tree, chunk, compute=compute, sizes=sizes):
+        def log_probs(model, tree, chunk, options, compute=compute, sizes=sizes):
             lengths, _ = row_tokens(tree, "shared")
             sizes.append(len(chunk) * max(lengths[i] for i in chunk))
-            return compute(model, tree, chunk)
+            return compute(model, tree, chunk, options)
 
         trainer._log_probs = log_probs
         (metrics,) = trainer.train()

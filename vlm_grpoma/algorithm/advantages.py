@@ -4,10 +4,16 @@ Thought value ``V[b,k] = mean_m R[b,k,m]``; the thought advantage normalises V o
 the answer advantage normalises R over all K·M rewards of the prompt. With M = 1 both equal GRPO's
 ``(r - mean) / (std + eps)`` (unbiased std, as TRL).
 
-A non-finite reward (a reward function that could not score an answer) carries no signal: it is left out of
-its group's mean and std and its answer gets advantage 0, as TRL GRPOTrainer does for a completion that no
-reward function could score. A thought's value is the mean of its finite answers; a thought with none is left
-out of the thought statistics and gets advantage 0.
+Statistics are computed in float64, and a thought's value sums its answers in sorted order, so thoughts whose
+answers hold the same rewards in another order get bit-equal values and a group of equal values gets exactly 0
+(in float32, permuted equal rewards reached |A| = 1.8e-3 over 8,000 random groups of 8 thoughts).
+
+A reward without signal — NaN, ±inf, or beyond ``MAX_REWARD_MAGNITUDE`` in size, where float64 squares would
+overflow — is left out of its group's mean and std and its answer gets advantage 0. A thought's value is the
+mean of its usable answers; a thought with none is left out of the thought statistics and gets advantage 0.
+TRL's GRPOTrainer (1.16: ``nanmean`` / ``nanstd`` per group, then ``nan_to_num(nan=0)``) leaves out only NaN
+(a reward function returning None): there an ±inf reward makes its group's mean infinite and every advantage of
+that group 0. We leave out ±inf (and overflowing rewards) like NaN, so one bad answer costs that answer only.
 """
 
 from __future__ import annotations
@@ -18,56 +24,61 @@ import torch
 
 AdvantageScale = Literal["std", "none"]
 
+#: Rewards larger in size carry no signal: 1e150² · 10⁶ answers per group stays below float64's 1.8e308.
+MAX_REWARD_MAGNITUDE = 1e150
+
+
+def usable_rewards(values: torch.Tensor) -> torch.Tensor:
+    """Bool mask of the rewards that carry signal: finite and at most ``MAX_REWARD_MAGNITUDE`` in size."""
+    return torch.isfinite(values) & (values.abs() <= MAX_REWARD_MAGNITUDE)
+
 
 def group_normalise(
     values: torch.Tensor, *, scale: AdvantageScale = "std", eps: float = 1e-4
 ) -> torch.Tensor:
-    """Normalise along the last dimension over its finite entries: ``(x - mean) / (std + eps)``, or only centre
-    with ``scale="none"``.
+    """Normalise along the last dimension over its usable entries: ``(x - mean) / (std + eps)``, or only centre
+    with ``scale="none"``; statistics in float64, the result in ``values``' dtype.
 
-    Non-finite entries get 0, and so does every entry of a group with fewer than two finite values or whose
-    finite values are all equal (never NaN).
+    Unusable entries (:func:`usable_rewards`) get 0, and so does every entry of a group with fewer than two
+    usable values or whose usable values are all equal (never NaN).
     """
     if scale not in ("std", "none"):
         raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
-    finite = torch.isfinite(values)
-    if bool(finite.all()):  # the common case, in torch's own reductions
-        count = torch.full_like(values[..., :1], values.shape[-1])
-        mean = values.mean(dim=-1, keepdim=True)
-        std = values.std(dim=-1, keepdim=True) if values.shape[-1] > 1 else torch.zeros_like(mean)
-        low, high = values.amin(dim=-1, keepdim=True), values.amax(dim=-1, keepdim=True)
-    else:
-        count = finite.sum(dim=-1, keepdim=True).to(values.dtype)
-        kept = values.where(finite, 0.0)
-        mean = kept.sum(dim=-1, keepdim=True) / count.clamp(min=1)
-        squares = ((values - mean).where(finite, 0.0) ** 2).sum(dim=-1, keepdim=True)
-        std = (squares / (count - 1).clamp(min=1)).sqrt()
-        low = values.where(finite, torch.inf).amin(dim=-1, keepdim=True)
-        high = values.where(finite, -torch.inf).amax(dim=-1, keepdim=True)
-    centred = values - mean
+    x = values.double()
+    usable = usable_rewards(x)
+    count = usable.sum(dim=-1, keepdim=True).double()
+    mean = x.where(usable, 0.0).sum(dim=-1, keepdim=True) / count.clamp(min=1)
+    centred = (x - mean).where(usable, 0.0)
     if scale == "std":
+        std = ((centred**2).sum(dim=-1, keepdim=True) / (count - 1).clamp(min=1)).sqrt()
         centred = centred / (std + eps)
-    no_signal = (count < 2) | (low == high) | ~finite
-    return centred.masked_fill(no_signal, 0.0)
+    low = x.where(usable, torch.inf).amin(dim=-1, keepdim=True)
+    high = x.where(usable, -torch.inf).amax(dim=-1, keepdim=True)
+    no_signal = (count < 2) | (low == high) | ~usable
+    return centred.masked_fill(no_signal, 0.0).to(values.dtype)
 
 
 def grpo_ma_advantages(
     rewards: torch.Tensor, *, scale: AdvantageScale = "std", eps: float = 1e-4
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(thought_adv [B, K], answer_adv [B, K, M])`` for rewards ``[B, K, M]`` (NaN/inf: no signal)."""
+    """Return ``(thought_adv [B, K], answer_adv [B, K, M])`` for rewards ``[B, K, M]`` (unusable: no signal),
+    in the rewards' floating dtype (float32 for integer rewards)."""
     if rewards.dim() != 3:
         raise ValueError(f"rewards must have shape [B, K, M], got {tuple(rewards.shape)}")
     if not rewards.is_floating_point():
         rewards = rewards.float()
     batch, thoughts, answers = rewards.shape
-    thought_adv = group_normalise(thought_values(rewards), scale=scale, eps=eps)
+    values = thought_values(rewards)
+    thought_adv = group_normalise(values, scale=scale, eps=eps).to(rewards.dtype)
     answer_adv = group_normalise(rewards.reshape(batch, thoughts * answers), scale=scale, eps=eps)
     return thought_adv, answer_adv.reshape(batch, thoughts, answers)
 
 
 def thought_values(rewards: torch.Tensor) -> torch.Tensor:
-    """``[B, K]`` mean of each thought's finite answer rewards (NaN for a thought without any)."""
-    finite = torch.isfinite(rewards)
-    if bool(finite.all()):
-        return rewards.mean(dim=-1)
-    return rewards.where(finite, 0.0).sum(dim=-1) / finite.sum(dim=-1).where(finite.any(dim=-1), 0)
+    """``[B, K]`` float64 mean of each thought's usable answer rewards (NaN for a thought without any), summed
+    in sorted order so that the value does not depend on the order of the answers."""
+    x = rewards.double()
+    usable = usable_rewards(x)
+    total = x.where(usable, 0.0).sort(dim=-1).values.sum(dim=-1)
+    count = usable.sum(dim=-1)
+    return (total / count.clamp(min=1)).where(count > 0, torch.nan)

@@ -15,27 +15,89 @@ The GRPO-MA objective per prompt is ``λ·(1/K)·Σ_k J(thought_k) + (1/(K·M))�
 normaliser of the answer (k, m) is the length of its *path* (thought k followed by answer m) and the
 thought's is the mean of its M path normalisers, so each thought counts once (not M times) and with M = 1
 the objective is exactly GRPO's (per-sequence token mean), DAPO's (``token_mean``) or Dr. GRPO's
-(``seq_mean_token_sum_norm``) over the concatenated completion.
+(``seq_mean_token_sum_norm``) over the concatenated completion. ``thought_weighting`` scales the thought
+term for comparison with other implementations: ``once`` (the above), ``per_answer`` (×M: a thought repeated in
+each of its M sequences, as a naive K·M-sequence implementation trains it) or ``sqrt_answers`` (×√M: TreeRL's
+1/√n down-weighting of a segment shared by n leaves, applied to the M-fold repetition).
+
+Importance ratio: per token (``importance_sampling_level="token"``, PPO/GRPO) or, as GSPO defines it, one ratio
+per segment ``exp(mean_t (log π - log π_old))`` broadcast over its tokens (``"sequence"``; thought and answer
+segments each have their own). ``Segments.token_factors`` multiply each token's clipped-surrogate term (not the
+KL), as TRL applies its vLLM importance-sampling weights and its high-entropy mask. ``entropy_coef`` adds
+``-c·H`` per token with the same weights (verl's ``entropy_coeff``).
+
+TRL's ``bnpo`` loss type (each micro-batch normalised by its own token count) has no counterpart: its gradient
+depends on how the batch is split into micro-batches, which this design rules out (micro-batches add up to the
+batch loss). Without gradient accumulation it equals ``token_mean`` (= TRL's ``dapo``).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-Aggregation = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]
-KLEstimator = Literal["k3", "k3_ratio"]
+from vlm_grpoma.algorithm.registry import Registry
+
+#: path normaliser [B, K, M] of each aggregation, from the path lengths (float64) and the completion budget
+AGGREGATIONS: Registry[Callable[[torch.Tensor, int | None], torch.Tensor]] = Registry("loss aggregation")
+#: KL(π || π_ref) per token from (logp, ref_logp, importance ratio)
+KL_ESTIMATORS: Registry[Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = Registry(
+    "KL estimator"
+)
+#: log importance weight [S, T] from (log π - log π_old [S, T], trained-token mask [S, T] float)
+IMPORTANCE_LEVELS: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry(
+    "importance-sampling level"
+)
+#: the factor on a thought's weight, from M (answers per thought)
+THOUGHT_WEIGHTINGS: Registry[Callable[[int], float]] = Registry("thought weighting")
+
+
+@AGGREGATIONS.register("seq_mean_token_mean")
+def _per_path_mean(path_lengths: torch.Tensor, max_completion_tokens: int | None) -> torch.Tensor:
+    """GRPO: each path's token mean."""
+    return 1.0 / path_lengths
+
+
+@AGGREGATIONS.register("token_mean")
+def _batch_token_mean(path_lengths: torch.Tensor, max_completion_tokens: int | None) -> torch.Tensor:
+    """DAPO (TRL ``dapo``): every trained token of the batch alike, over the batch's mean path length."""
+    return torch.full_like(path_lengths, 1.0 / path_lengths.mean().item())
+
+
+@AGGREGATIONS.register("seq_mean_token_sum_norm")
+def _budget_sum(path_lengths: torch.Tensor, max_completion_tokens: int | None) -> torch.Tensor:
+    """Dr. GRPO: token sums over the completion budget."""
+    if not max_completion_tokens or max_completion_tokens < 1:
+        raise ValueError("seq_mean_token_sum_norm needs max_completion_tokens >= 1")
+    return torch.full_like(path_lengths, 1.0 / max_completion_tokens)
+
+
+@THOUGHT_WEIGHTINGS.register("once")
+def _once(answers: int) -> float:
+    return 1.0
+
+
+@THOUGHT_WEIGHTINGS.register("per_answer")
+def _per_answer(answers: int) -> float:
+    return float(answers)
+
+
+@THOUGHT_WEIGHTINGS.register("sqrt_answers")
+def _sqrt_answers(answers: int) -> float:
+    return math.sqrt(answers)
 
 
 def grpo_ma_token_weights(
     thought_lengths: torch.Tensor,
     answer_lengths: torch.Tensor,
     *,
-    aggregation: Aggregation = "seq_mean_token_mean",
+    aggregation: str = "seq_mean_token_mean",
     thought_loss_weight: float = 1.0,
     max_completion_tokens: int | None = None,
+    thought_weighting: str = "once",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token weights ``(thought [B, K], answer [B, K, M])`` for one optimizer batch of B prompts.
 
@@ -55,16 +117,8 @@ def grpo_ma_token_weights(
         )
     batch, thoughts, answers = answer_lengths.shape
     path_lengths = (thought_lengths.unsqueeze(-1) + answer_lengths).double().clamp(min=1.0)
-    if aggregation == "seq_mean_token_mean":
-        path_norm = 1.0 / path_lengths
-    elif aggregation == "token_mean":
-        path_norm = torch.full_like(path_lengths, 1.0 / path_lengths.mean().item())
-    elif aggregation == "seq_mean_token_sum_norm":
-        if not max_completion_tokens or max_completion_tokens < 1:
-            raise ValueError("seq_mean_token_sum_norm needs max_completion_tokens >= 1")
-        path_norm = torch.full_like(path_lengths, 1.0 / max_completion_tokens)
-    else:
-        raise ValueError(f"unknown loss aggregation {aggregation!r}")
+    path_norm = AGGREGATIONS[aggregation](path_lengths, max_completion_tokens)
+    thought_loss_weight *= THOUGHT_WEIGHTINGS[thought_weighting](answers)
     thought_weights = thought_loss_weight * path_norm.mean(dim=-1) / (batch * thoughts)
     answer_weights = path_norm / (batch * thoughts * answers)
     return thought_weights, answer_weights
@@ -80,6 +134,9 @@ class Segments:
     token_weights: torch.Tensor  # [S]
     old_logp: torch.Tensor | None = None  # [S, T]; None: the sampling policy is the current one (μ = 1)
     ref_logp: torch.Tensor | None = None  # [S, T]; None: no KL term
+    # [S, T] detached factors on each token's surrogate term (rollout correction, entropy mask); None: 1
+    token_factors: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None  # [S, T] policy entropy per token; needed when entropy_coef > 0
 
     @classmethod
     def from_padded(
@@ -91,6 +148,8 @@ class Segments:
         *,
         old_logp: torch.Tensor | None = None,
         ref_logp: torch.Tensor | None = None,
+        token_factors: torch.Tensor | None = None,
+        entropy: torch.Tensor | None = None,
     ) -> Segments:
         """Segments from a rollout tree's padded layout: ``logp``/``mask``/``old``/``ref`` ``[..., T]`` and
         ``advantages``/``token_weights`` ``[...]`` (e.g. ``[b, K]`` thoughts or ``[b, K, M]`` answers), the
@@ -116,6 +175,8 @@ class Segments:
             token_weights=token_weights.reshape(-1).to(device),
             old_logp=flat(old_logp),
             ref_logp=flat(ref_logp),
+            token_factors=flat(token_factors),
+            entropy=flat(entropy),
         )
 
 
@@ -174,40 +235,66 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1.0
 
 
+@KL_ESTIMATORS.register("k3")
+def _k3(logp: torch.Tensor, ref_logp: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
+    """TRL with ``use_bias_correction_kl=False``."""
+    return k3_kl(logp, ref_logp)
+
+
+@KL_ESTIMATORS.register("k3_ratio")
+def _k3_ratio(logp: torch.Tensor, ref_logp: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
+    """k3 times the importance ratio, differentiable (TRL's ``use_bias_correction_kl=True``)."""
+    return k3_kl(logp, ref_logp) * ratio
+
+
+@IMPORTANCE_LEVELS.register("token")
+def _token_level(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return log_ratio
+
+
+@IMPORTANCE_LEVELS.register("sequence")
+def _sequence_level(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO: the length-normalised log-ratio of the whole segment, on each of its tokens."""
+    per_segment = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+    return per_segment.expand_as(log_ratio)
+
+
 def policy_loss(
     segments: Segments,
     *,
     clip_eps_low: float,
     clip_eps_high: float,
     kl_beta: float,
-    kl_estimator: KLEstimator = "k3",
+    kl_estimator: str = "k3",
+    importance_sampling_level: str = "token",
+    entropy_coef: float = 0.0,
 ) -> LossOutput:
-    """Per token ``-min(r·A, clip(r, 1-ε_low, 1+ε_high)·A) + β·KL``, weighted and summed over trained tokens.
-
-    ``KL`` is ``k3`` or, with ``kl_estimator="k3_ratio"``, ``r·k3`` (``r`` the importance ratio, with grad).
-    """
-    if kl_estimator not in ("k3", "k3_ratio"):
-        raise ValueError(f"kl_estimator must be 'k3' or 'k3_ratio', got {kl_estimator!r}")
+    """Per token ``-f·min(r·A, clip(r, 1-ε_low, 1+ε_high)·A) + β·KL - c·H``, weighted and summed over trained
+    tokens (``f`` the segment's token factors, ``r`` the importance ratio at the configured level)."""
+    estimate_kl = KL_ESTIMATORS[kl_estimator]
+    log_weight = IMPORTANCE_LEVELS[importance_sampling_level]
     logp, mask = segments.logp, segments.mask.to(segments.logp.dtype)
     old_logp = logp.detach() if segments.old_logp is None else segments.old_logp
     advantages = segments.advantages.to(logp.dtype).unsqueeze(-1)
-    ratio = torch.exp(logp - old_logp)
+    ratio = torch.exp(log_weight(logp - old_logp, mask))
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
     per_token = -torch.min(ratio * advantages, clipped_ratio * advantages)
+    if segments.token_factors is not None:
+        per_token = per_token * segments.token_factors.to(logp.dtype)
     weights = segments.token_weights.to(logp.dtype).unsqueeze(-1) * mask
     policy_part = (per_token * weights).sum()
+    loss = policy_part
 
     use_kl = kl_beta > 0 and segments.ref_logp is not None
+    kl_mean = torch.zeros((), dtype=logp.dtype)
     if use_kl:
-        kl_per_token = k3_kl(logp, segments.ref_logp)
-        if kl_estimator == "k3_ratio":
-            kl_per_token = kl_per_token * ratio
-        kl_part = (kl_per_token * weights).sum()
-        loss = policy_part + kl_beta * kl_part
+        kl_part = (estimate_kl(logp, segments.ref_logp, ratio) * weights).sum()
+        loss = loss + kl_beta * kl_part
         kl_mean = kl_part.detach() / weights.sum().clamp(min=torch.finfo(logp.dtype).tiny)
-    else:
-        loss = policy_part
-        kl_mean = torch.zeros((), dtype=logp.dtype)
+    if entropy_coef:
+        if segments.entropy is None:
+            raise ValueError("entropy_coef needs the segments' entropy")
+        loss = loss - entropy_coef * (segments.entropy.to(logp.dtype) * weights).sum()
 
     with torch.no_grad():
         trained = mask.bool()

@@ -5,9 +5,10 @@ Metrics (a malformed answer is a failure that scores like an empty or worst answ
 - all tasks: ``format_rate`` (``<think>…</think><answer>…</answer>`` and a parseable answer of the task's
   kind, as the ``format`` reward), ``parse_rate`` (a valid typed answer), failure reasons counted.
 - detection: ``precision@0.5`` / ``precision@0.75`` — the fraction of ground-truth boxes matched one-to-one
-  by a predicted box at IoU >= t (maximum matching, summed over records: Visual-RFT's "matched above
-  threshold"); ``success@t`` — over single-box records, the first predicted box has IoU >= t (the REC
-  accuracy convention); ``mean_iou`` — the ``iou`` reward's matched score Σ IoU / max(#pred, #gt); COCO
+  by a predicted box at IoU >= t (maximum matching, summed over records; ours: Visual-RFT and VLM-R1 match
+  greedily, see :mod:`~vlm_grpoma.rewards.detection`); ``success@t`` — over single-box records, the first predicted box has IoU >= t (the REC
+  accuracy convention); ``mean_iou`` — the ``iou`` reward's default (``hungarian``) matched score
+  Σ IoU / max(#pred, #gt); COCO
   ``ap`` / ``ap50`` / ``ap75`` (pycocotools COCOeval, when every ground-truth box has a label). The models
   give no confidences, so every predicted box scores 1.0 and is ranked in record order: AP measures unranked
   predictions and is a lower bound of what a detector with a useful confidence ranking would reach.
@@ -15,8 +16,10 @@ Metrics (a malformed answer is a failure that scores like an empty or worst answ
   affordance reward's inner radius of a target point), averaged over answers; ``mean_distance_px`` — mean
   distance of the predicted points to the target region (0 inside), a failure counting the image diagonal.
 - trajectory: ``dfd``, ``hausdorff``, ``rmse`` — discrete Fréchet, Hausdorff and RMSE of both polylines
-  normalised by the image size and resampled to 32 points (as the ``trajectory`` reward); a failure counts
-  sqrt(2), the normalised image diagonal.
+  normalised by the image size, on their vertices (the ``trajectory`` reward's default ``evaluation``, as
+  RoboBrain / ShareRobot report them; RMSE after interpolating both by vertex index to the longer's count);
+  ``dfd_resampled``, ``hausdorff_resampled``, ``rmse_resampled`` — the same after resampling both to 32 points
+  by arc length (``evaluation: resampled``). A failure counts sqrt(2), the normalised image diagonal.
 
 Distances also come as ``*_valid`` means over parsed answers only. With several samples per record (sampled
 decoding) every metric is the mean over samples.
@@ -46,7 +49,7 @@ from vlm_grpoma.rewards.affordance import (
 from vlm_grpoma.rewards.base import Completion
 from vlm_grpoma.rewards.detection import box_iou, boxes_array, matched_score
 from vlm_grpoma.rewards.format import FormatReward
-from vlm_grpoma.rewards.trajectory import FAILED_DISTANCE, resample_normalised, trajectory_distances
+from vlm_grpoma.rewards.trajectory import EVALUATIONS, FAILED_DISTANCE, normalised_distances
 
 GROUNDING_TASKS = ("detection", "affordance", "trajectory")
 IOU_THRESHOLDS = (0.5, 0.75)
@@ -245,7 +248,7 @@ def _score_affordance(pairs, samples):
 
 
 def _score_trajectory(pairs, samples):
-    """Per answer: DFD, Hausdorff and RMSE of the normalised, resampled polylines."""
+    """Per answer: DFD, Hausdorff and RMSE of the normalised polylines, on the vertices and resampled."""
     for record, _ in pairs:
         if not isinstance(record.ground_truth, Trajectory) or len(record.ground_truth.points) < 2:
             raise ValueError(
@@ -255,16 +258,23 @@ def _score_trajectory(pairs, samples):
     valid = [i for i, (_, a) in enumerate(pairs) if a is not None]
     sizes = np.array([(pairs[i][0].width, pairs[i][0].height) for i in valid], dtype=np.float64)
     sizes = sizes.reshape(-1, 2)
-    preds = resample_normalised([pairs[i][1].points for i in valid], sizes, TRAJECTORY_POINTS)
-    gts = resample_normalised([pairs[i][0].ground_truth.points for i in valid], sizes, TRAJECTORY_POINTS)
-    dist = trajectory_distances(preds, gts)
-    names = {"frechet": "dfd", "hausdorff": "hausdorff", "rmse": "rmse"}
-    scores = [{name: FAILED_DISTANCE for name in names.values()} for _ in pairs]
-    for j, i in enumerate(valid):
-        for metric, name in names.items():
-            scores[i][name] = float(dist[metric][j])
+    preds = [pairs[i][1].points for i in valid]
+    gts = [pairs[i][0].ground_truth.points for i in valid]
+    short = {"frechet": "dfd", "hausdorff": "hausdorff", "rmse": "rmse"}
+    names: list[str] = []
+    scores: list[dict[str, float]] = [{} for _ in pairs]
+    for evaluation in EVALUATIONS:
+        dist = normalised_distances(preds, gts, sizes, evaluation, TRAJECTORY_POINTS)
+        suffix = "" if evaluation == "vertex" else f"_{evaluation}"
+        for metric, base in short.items():
+            name = base + suffix
+            names.append(name)
+            for s in scores:
+                s[name] = FAILED_DISTANCE
+            for j, i in enumerate(valid):
+                scores[i][name] = float(dist[metric][j])
     metrics: dict[str, float | None] = {}
-    for name in names.values():
+    for name in names:
         metrics[name] = _mean([s[name] for s in scores])
         metrics[f"{name}_valid"] = _mean([scores[i][name] for i in valid])
     return scores, metrics, []

@@ -24,8 +24,13 @@
 # `vlm-grpoma launch-scripts --out DIR` writes this script, slurm.sbatch and hostfile.example into DIR.
 set -euo pipefail
 
-if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
-    sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
+    usage
+    exit 0
+fi
+if [[ $# -lt 1 ]]; then
+    usage >&2
     exit 2
 fi
 CONFIG=$1

@@ -39,6 +39,9 @@ class SamplingParams:
     seed: int = 0
     answer_temperature: float | None = None
     ignore_stop: bool = False
+    #: record log-probs under ``logits / T`` of each phase (what the trainer scores with
+    #: ``algorithm.logprob_temperature: sampling``); False: under the raw logits (T = 1)
+    tempered_logprobs: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -65,8 +68,15 @@ class SamplingParams:
     def phase2_temperature(self) -> float:
         return self.temperature if self.answer_temperature is None else self.answer_temperature
 
+    def logprob_temperature(self, temperature: float) -> float:
+        """The temperature a phase sampled at ``temperature`` records its log-probs under: that temperature when
+        ``tempered_logprobs`` (1 for greedy decoding, which has no distribution of its own), else 1."""
+        return temperature if self.tempered_logprobs and temperature > 0 else 1.0
+
     @classmethod
-    def from_config(cls, config: RolloutConfig, seed: int) -> SamplingParams:
+    def from_config(
+        cls, config: RolloutConfig, seed: int, *, tempered_logprobs: bool = False
+    ) -> SamplingParams:
         return cls(
             num_thoughts=config.num_thoughts,
             answers_per_thought=config.answers_per_thought,
@@ -76,6 +86,7 @@ class SamplingParams:
             max_thought_tokens=config.max_thought_tokens,
             max_answer_tokens=config.max_answer_tokens,
             seed=seed,
+            tempered_logprobs=tempered_logprobs,
         )
 
 

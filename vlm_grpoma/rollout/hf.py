@@ -209,6 +209,7 @@ class HFRolloutEngine:
         id_stops[list(stop_ids)] = True
         window = len(stop) + 2
         rows = torch.arange(r, device=dev)
+        scale = params.logprob_temperature(temperature)
         for t in range(budget):
             alive = ~done
             token = torch.where(
@@ -217,7 +218,7 @@ class HFRolloutEngine:
                 self.tokens.pad_id,
             )
             ids[:, t], mask[:, t] = token, alive
-            logprobs[:, t] = torch.where(alive, stream.logits.log_softmax(-1)[rows, token], 0.0)
+            logprobs[:, t] = torch.where(alive, (stream.logits / scale).log_softmax(-1)[rows, token], 0.0)
             if not params.ignore_stop:
                 stopped |= alive & id_stops[token]
                 for i in (alive & table[token] & ~stopped).nonzero().flatten().tolist():
@@ -232,8 +233,9 @@ class HFRolloutEngine:
         finish: list[FinishReason] = ["stop" if s else "length" for s in stopped.tolist()]
         return _Decoded(ids, mask, logprobs, finish, unfed)
 
-    def _close_thoughts(self, stream: _Stream, thoughts: _Decoded) -> _Decoded:
-        """Append ``</think>`` to truncated thoughts and feed every row's unfed tail, so the cache is prompt+thought."""
+    def _close_thoughts(self, stream: _Stream, thoughts: _Decoded, scale: float) -> _Decoded:
+        """Append ``</think>`` to truncated thoughts and feed every row's unfed tail, so the cache is prompt+thought
+        (the closing tokens' log-probs under ``logits / scale``, as the thought's)."""
         close = list(self.tokens.think_close)
         r = thoughts.ids.shape[0]
         lengths = thoughts.mask.sum(1)
@@ -254,7 +256,7 @@ class HFRolloutEngine:
         for i, tail in enumerate(tails):
             block[i, : len(tail)] = torch.tensor(tail, dtype=torch.long)
             block_mask[i, : len(tail)] = True
-        block_logp = self._feed(stream, block, block_mask).log_softmax(-1)
+        block_logp = (self._feed(stream, block, block_mask) / scale).log_softmax(-1)
         for i in range(r):
             if thoughts.finish[i] == "length":
                 start, first = int(lengths[i]), len(tails[i]) - len(close)
@@ -296,7 +298,7 @@ class HFRolloutEngine:
         thoughts = self._decode(
             stream, params.max_thought_tokens, THINK_CLOSE, (), no_eos, params.temperature, params, generator
         )
-        thoughts = self._close_thoughts(stream, thoughts)
+        thoughts = self._close_thoughts(stream, thoughts, params.logprob_temperature(params.temperature))
         clock.append(time.perf_counter())
         if self.reuse_prefix_cache:
             stream.repeat(m)

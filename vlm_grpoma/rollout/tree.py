@@ -2,9 +2,11 @@
 
 Token tensors are right-padded with ``pad_id`` and come with a boolean mask of real tokens:
 thoughts ``[B, K, Lt]``, answers ``[B, K, M, La]``. ``*_logprobs`` hold the log-probability of each token
-under the model's unmodified distribution (what a teacher-forced forward returns), 0 at padding.
+under the distribution the sampling parameters name (``SamplingParams.logprob_temperature``: ``logits / T``
+before top-k/top-p, or the raw logits), what a teacher-forced forward at that temperature returns; 0 at padding.
 A thought always ends with the closing ``</think>`` tokens: either sampled (finish ``"stop"``) or appended
-after the thought budget ran out (finish ``"length"``, ``thought_truncated`` set).
+after the thought budget ran out (finish ``"length"``, ``thought_truncated`` set). Appended tokens were never
+sampled: :meth:`RolloutTree.thought_loss_mask` leaves them out of training (they stay in the answers' context).
 """
 
 from __future__ import annotations
@@ -68,6 +70,19 @@ class RolloutTree:
             [[[f == "length" for f in ans] for ans in row] for row in self.answer_finish], dtype=torch.bool
         )
 
+    def thought_loss_mask(self, closing_tokens: int) -> torch.Tensor:
+        """[B, K, Lt] bool: the sampled thought tokens, i.e. ``thought_mask`` without the ``closing_tokens``
+        appended to each truncated thought."""
+        mask = self.thought_mask.clone()
+        if closing_tokens:
+            lengths = self.thought_lengths
+            columns = torch.arange(mask.shape[-1])
+            appended = (
+                columns >= (lengths - closing_tokens).unsqueeze(-1)
+            ) & self.thought_truncated.unsqueeze(-1)
+            mask &= ~appended
+        return mask
+
     @property
     def thought_lengths(self) -> torch.Tensor:
         return self.thought_mask.sum(-1)
@@ -82,6 +97,56 @@ class RolloutTree:
             [[self.thought_texts[b][k] + a for a in answers] for k, answers in enumerate(row)]
             for b, row in enumerate(self.answer_texts)
         ]
+
+    def select(self, prompts: list[int]) -> RolloutTree:
+        """The sub-tree of the prompts ``prompts`` (in that order), padding kept."""
+        return RolloutTree(
+            prompts=[self.prompts[b] for b in prompts],
+            pad_id=self.pad_id,
+            thought_ids=self.thought_ids[prompts],
+            thought_mask=self.thought_mask[prompts],
+            thought_logprobs=self.thought_logprobs[prompts],
+            thought_finish=[self.thought_finish[b] for b in prompts],
+            thought_texts=[self.thought_texts[b] for b in prompts],
+            answer_ids=self.answer_ids[prompts],
+            answer_mask=self.answer_mask[prompts],
+            answer_logprobs=self.answer_logprobs[prompts],
+            answer_finish=[self.answer_finish[b] for b in prompts],
+            answer_texts=[self.answer_texts[b] for b in prompts],
+            seconds=dict(self.seconds),
+        )
+
+    @staticmethod
+    def concatenate(trees: list[RolloutTree]) -> RolloutTree:
+        """The trees' prompts one after another (same K and M), right-padded to the widest; phase times added."""
+        thought_width = max(t.thought_ids.shape[-1] for t in trees)
+        answer_width = max(t.answer_ids.shape[-1] for t in trees)
+
+        def stack(parts: list[torch.Tensor], width: int, fill: float | int | bool) -> torch.Tensor:
+            return torch.cat(
+                [torch.nn.functional.pad(v, (0, width - v.shape[-1]), value=fill) for v in parts]
+            )
+
+        seconds: dict[str, float] = {}
+        for tree in trees:
+            for phase, value in tree.seconds.items():
+                seconds[phase] = seconds.get(phase, 0.0) + value
+        pad_id = trees[0].pad_id
+        return RolloutTree(
+            prompts=[p for t in trees for p in t.prompts],
+            pad_id=pad_id,
+            thought_ids=stack([t.thought_ids for t in trees], thought_width, pad_id),
+            thought_mask=stack([t.thought_mask for t in trees], thought_width, False),
+            thought_logprobs=stack([t.thought_logprobs for t in trees], thought_width, 0.0),
+            thought_finish=[row for t in trees for row in t.thought_finish],
+            thought_texts=[row for t in trees for row in t.thought_texts],
+            answer_ids=stack([t.answer_ids for t in trees], answer_width, pad_id),
+            answer_mask=stack([t.answer_mask for t in trees], answer_width, False),
+            answer_logprobs=stack([t.answer_logprobs for t in trees], answer_width, 0.0),
+            answer_finish=[row for t in trees for row in t.answer_finish],
+            answer_texts=[row for t in trees for row in t.answer_texts],
+            seconds=seconds,
+        )
 
     def thought_tokens(self, b: int, k: int) -> torch.Tensor:
         return self.thought_ids[b, k][self.thought_mask[b, k]]

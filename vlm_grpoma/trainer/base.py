@@ -177,12 +177,12 @@ class Trainer:
         return [self.records[i] for i in indices]
 
     def gradient_metrics(self, grad_norm: float) -> dict[str, float]:
-        """The step's gradient norm with its spike score (GSS, GSS@10)."""
+        """The step's gradient norm with its running spike score (the run's GSS comes with the final step's
+        metrics, see :class:`~vlm_grpoma.algorithm.GradientSpikeTracker`)."""
         return {
             "train/grad_norm": grad_norm,
-            "train/gss": self.gss.update(grad_norm),
-            "train/gss10_count": float(self.gss.spikes),
-            "train/gss10_fraction": self.gss.spike_fraction,
+            "train/gss_running": self.gss.update(grad_norm),
+            "train/gss_running10_count": float(self.gss.spikes),
         }
 
     def train_step(self) -> dict[str, float]:
@@ -243,6 +243,8 @@ class Trainer:
                 self.trained_seconds += metrics["time/step_s"]
                 metrics["time/trained_s"] = self.trained_seconds
                 final = self.step >= self.config.train.steps or self.budget_spent()
+                if final:
+                    metrics.update(self.gss.run_metrics())
                 metrics.update(self.evaluation(final))
         except DistributedError as err:
             raise DistributedError(f"step {self.step + 1}: {err}") from None
@@ -289,6 +291,8 @@ class Trainer:
                 if history
                 else " (already done)"
             )
-            print(f"trained {self.step} steps{skipped}{last}; model in {self.final_model_dir}")
+            spikes = self.gss.run_metrics()
+            gss = f"; GSS@10 {int(spikes['train/gss10_count'])} steps (max GSS {spikes['train/gss_max']:.2f})"
+            print(f"trained {self.step} steps{skipped}{last}{gss}; model in {self.final_model_dir}")
         self.engine.close()
         return 0

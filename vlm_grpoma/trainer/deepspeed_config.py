@@ -20,9 +20,11 @@ SHIPPED_DEEPSPEED_CONFIGS = resources.files("vlm_grpoma") / "configs" / "deepspe
 def resolve_precision(config: Config, on_gpu: bool) -> str:
     """``fp32`` / ``bf16`` / ``fp16`` from ``deepspeed.precision`` and ``model.dtype`` (which must agree)."""
     precision, dtype = config.deepspeed.precision, config.model.dtype
+    key = "deepspeed.precision"  # the key that chose the precision, named when it cannot be used
     if precision == "auto":
         if dtype != "auto":
             precision = {name: p for p, name in PRECISION_DTYPE_NAMES.items()}[dtype]
+            key = "model.dtype"
         else:
             precision = "bf16" if on_gpu and torch.cuda.is_bf16_supported() else "fp32"
     elif dtype != "auto" and TORCH_DTYPES[dtype] != TORCH_DTYPES[PRECISION_DTYPE_NAMES[precision]]:
@@ -30,7 +32,8 @@ def resolve_precision(config: Config, on_gpu: bool) -> str:
             f"model.dtype: {dtype} contradicts deepspeed.precision={precision}; set one of them to auto"
         )
     if precision == "fp16" and not on_gpu:  # DeepSpeed's CPU accelerator does bf16, not fp16 loss scaling
-        raise ConfigError("deepspeed.precision: fp16 needs a GPU; CPU runs train in fp32 or bf16")
+        asked = dtype if key == "model.dtype" else precision
+        raise ConfigError(f"{key}: {asked} needs a GPU; CPU runs train in fp32 or bf16")
     return precision
 
 

@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from vlm_grpoma.algorithm import LossStats, Segments, grpo_ma_advantages, grpo_ma_token_weights, policy_loss
+from vlm_grpoma.algorithm import LossStats, grpo_ma_advantages, grpo_ma_token_weights, policy_loss
 from vlm_grpoma.algorithm.diagnostics import logprob_mismatch
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.schema import Record
@@ -28,57 +27,22 @@ from vlm_grpoma.rollout.backends import build_rollout_engine
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.trainer.base import Trainer
+from vlm_grpoma.trainer.dynamic_sampling import ScoredBatch, refill
 from vlm_grpoma.trainer.evaluation import EvalSet, evaluate_sets, greedy_params, load_eval_sets
 from vlm_grpoma.trainer.logging import reduce_metrics
-from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
+from vlm_grpoma.trainer.logprobs import PathLogProbs, ScoringOptions, path_log_probs
 from vlm_grpoma.trainer.micro_batches import micro_batches, row_tokens
 from vlm_grpoma.trainer.packed import shared_prefix_log_probs
 from vlm_grpoma.trainer.samples import completion_samples
 from vlm_grpoma.trainer.scoring import score_tree
+from vlm_grpoma.trainer.segments import SegmentStats, SegmentTargets, micro_batch_segments
 from vlm_grpoma.trainer.step_metrics import PhaseTimer, global_reward_metrics, reward_metrics, rollout_metrics
 
 
-def sampling_seed(seed: int, step: int, rank: int) -> int:
-    """The rollout seed of one step on one rank: a function of the step alone, so resumed runs resample alike."""
-    return (seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**63 - 1)
-
-
-@dataclass(frozen=True)
-class SegmentTargets:
-    """What each segment of an optimizer batch is trained towards: its advantage and its per-token weight."""
-
-    thought_adv: torch.Tensor  # [B, K]
-    answer_adv: torch.Tensor  # [B, K, M]
-    thought_weights: torch.Tensor  # [B, K]
-    answer_weights: torch.Tensor  # [B, K, M]
-
-
-def tree_segments(
-    tree: RolloutTree,
-    chunk: list[int],
-    logp: PathLogProbs,
-    targets: SegmentTargets,
-    old: PathLogProbs | None,
-    ref: PathLogProbs | None,
-) -> tuple[Segments, Segments]:
-    """The thought and the answer segments of one micro-batch (the prompts ``chunk`` of the tree)."""
-    thoughts = Segments.from_padded(
-        logp.thought,
-        tree.thought_mask[chunk],
-        targets.thought_adv[chunk],
-        targets.thought_weights[chunk],
-        old_logp=None if old is None else old.thought,
-        ref_logp=None if ref is None else ref.thought,
-    )
-    answers = Segments.from_padded(
-        logp.answer,
-        tree.answer_mask[chunk],
-        targets.answer_adv[chunk],
-        targets.answer_weights[chunk],
-        old_logp=None if old is None else old.answer,
-        ref_logp=None if ref is None else ref.answer,
-    )
-    return thoughts, answers
+def sampling_seed(seed: int, step: int, rank: int, refill_round: int = 0) -> int:
+    """The rollout seed of one step (and dynamic-sampling round) on one rank: a function of the step alone, so
+    resumed runs resample alike."""
+    return (seed * 1_000_003 + step * 7_919 + rank * 104_729 + refill_round * 15_485_863) % (2**63 - 1)
 
 
 class GRPOMATrainer(Trainer):
@@ -136,17 +100,49 @@ class GRPOMATrainer(Trainer):
 
     # -- one step ---------------------------------------------------------------------------------------------
 
-    def _rollout(self, records: Sequence[Record]) -> RolloutTree:
-        prompts = self.adapter.build_inputs(records)
-        params = SamplingParams.from_config(
-            self.config.rollout, sampling_seed(self.config.seed, self.step, self.dist.rank)
+    def _sampling_params(self, refill_round: int = 0) -> SamplingParams:
+        return SamplingParams.from_config(
+            self.config.rollout,
+            sampling_seed(self.config.seed, self.step, self.dist.rank, refill_round),
+            tempered_logprobs=self.config.algorithm.logprob_temperature == "sampling",
         )
-        return self.rollout.sample(prompts, params)
 
-    def _log_probs(self, model, tree: RolloutTree, chunk: list[int]) -> PathLogProbs:
+    def _rollout(self, records: Sequence[Record], refill_round: int = 0) -> RolloutTree:
+        return self.rollout.sample(self.adapter.build_inputs(records), self._sampling_params(refill_round))
+
+    def _scored(self, records: list[Record], timer: PhaseTimer, refill_round: int = 0) -> ScoredBatch:
+        with timer("rollout"):
+            tree = self._rollout(records, refill_round)
+        with timer("reward"):
+            result, rewards, parsed = score_tree(tree, records, self.adapter, self.rewards)
+        return ScoredBatch(records, tree, result, rewards, parsed)
+
+    def _step_batch(self, timer: PhaseTimer) -> tuple[ScoredBatch, dict[str, float]]:
+        """This rank's share of the step, rolled out and scored; with dynamic sampling, refilled."""
+        batch, dynamic = self._scored(self.next_records(), timer), self.config.algorithm.dynamic_sampling
+        if not dynamic.enabled:
+            return batch, {}
+        refilled = refill(
+            batch,
+            lambda refill_round: self._scored(self.next_records(), timer, refill_round),
+            dynamic.max_rounds,
+            self.config.train.dist_timeout_s,
+        )
+        return refilled.batch, refilled.metrics()
+
+    def _scoring(self, *, entropy: bool) -> ScoringOptions:
+        """How the training passes score tokens: at the temperature the rollout recorded its log-probs under."""
+        params = self._sampling_params()
+        return ScoringOptions(
+            temperature=params.logprob_temperature(params.temperature),
+            entropy=entropy,
+            entropy_grad=entropy and self.config.algorithm.entropy_coef > 0,
+        )
+
+    def _log_probs(self, model, tree: RolloutTree, chunk: list[int], options: ScoringOptions) -> PathLogProbs:
         """Thought and answer log-probs of a micro-batch through the configured pass (shared prefix or naive)."""
         compute = shared_prefix_log_probs if self.config.train.logprob_pass == "shared" else path_log_probs
-        return compute(model, tree, chunk, self.adapter.tokens)
+        return compute(model, tree, chunk, self.adapter.tokens, options)
 
     def _targets(self, tree: RolloutTree, rewards: torch.Tensor) -> SegmentTargets:
         """GRPO-MA advantages of the step's rewards and token weights of the whole optimizer batch."""
@@ -154,44 +150,59 @@ class GRPOMATrainer(Trainer):
         thought_adv, answer_adv = grpo_ma_advantages(
             rewards, scale=algo.advantage_scale, eps=algo.advantage_eps
         )
+        thought_mask = tree.thought_loss_mask(len(self.adapter.tokens.think_close))
         thought_weights, answer_weights = grpo_ma_token_weights(
-            tree.thought_lengths,
+            thought_mask.sum(-1),
             tree.answer_lengths,
             aggregation=algo.loss_aggregation,
             thought_loss_weight=algo.thought_loss_weight,
             max_completion_tokens=config.rollout.max_thought_tokens + config.rollout.max_answer_tokens,
+            thought_weighting=algo.thought_weighting,
         )
-        return SegmentTargets(thought_adv, answer_adv, thought_weights, answer_weights)
+        return SegmentTargets(thought_adv, answer_adv, thought_weights, answer_weights, thought_mask)
 
     def _update(self, tree: RolloutTree, targets: SegmentTargets) -> tuple[dict[str, float], float]:
         """μ policy epochs over the micro-batches, one optimizer step each; returns the update's metrics and the
         last epoch's gradient norm (GSS scores one norm per training step)."""
         algo, engine = self.config.algorithm, self.engine
         chunks = micro_batches(*row_tokens(tree, self.config.train.logprob_pass), self.config.train)
+        scoring, fixed = self._scoring(entropy=True), self._scoring(entropy=False)
         old = ref = None
         if algo.policy_epochs > 1:  # the sampling policy, fixed for every epoch
             with torch.no_grad():
-                old = [self._log_probs(engine.deepspeed, tree, chunk) for chunk in chunks]
+                old = [self._log_probs(engine.deepspeed, tree, chunk, fixed) for chunk in chunks]
         if engine.has_reference:
             with engine.reference() as reference:
-                ref = [self._log_probs(reference, tree, chunk) for chunk in chunks]
-        losses, steps, pairs = LossStats(), [], []
+                ref = [self._log_probs(reference, tree, chunk, fixed) for chunk in chunks]
+        losses, steps, pairs, segment_stats = LossStats(), [], [], SegmentStats()
+        correction = algo.rollout_correction.resolved_mode(self.config.rollout.backend)
         loss_options = {
             "clip_eps_low": algo.clip_eps_low,
             "clip_eps_high": algo.clip_eps_high,
             "kl_beta": algo.kl_beta,
             "kl_estimator": algo.kl_estimator,
+            "importance_sampling_level": algo.importance_sampling_level,
+            "entropy_coef": algo.entropy_coef,
         }
         for epoch in range(algo.policy_epochs):
             if self.config.train.micro_batch_tokens:
                 engine.plan_step(len(chunks))
             for index, chunk in enumerate(chunks):
-                logp = self._log_probs(engine.deepspeed, tree, chunk)
+                logp = self._log_probs(engine.deepspeed, tree, chunk, scoring)
                 if epoch == 0:  # the policy that sampled the tree: its log-probs should match the rollout's
                     pairs.append((logp.thought, tree.thought_logprobs[chunk], tree.thought_mask[chunk]))
                     pairs.append((logp.answer, tree.answer_logprobs[chunk], tree.answer_mask[chunk]))
-                fixed = [None if values is None else values[index] for values in (old, ref)]
-                segments = tree_segments(tree, chunk, logp, targets, *fixed)
+                segments = micro_batch_segments(
+                    tree,
+                    chunk,
+                    logp,
+                    targets,
+                    None if old is None else old[index],
+                    None if ref is None else ref[index],
+                    algo,
+                    correction,
+                    segment_stats if epoch == 0 else None,
+                )
                 outputs = [policy_loss(part, **loss_options) for part in segments]
                 engine.backward(outputs[0].loss + outputs[1].loss)
                 for output in outputs:
@@ -204,29 +215,29 @@ class GRPOMATrainer(Trainer):
             "adv/thought_abs_mean": float(targets.thought_adv.abs().mean()),
             "adv/answer_abs_mean": float(targets.answer_adv.abs().mean()),
         }
-        return metrics | logprob_mismatch(pairs).metrics(), steps[-1].grad_norm
+        metrics |= logprob_mismatch(pairs).metrics() | segment_stats.metrics(correction)
+        return metrics, steps[-1].grad_norm
 
     def train_step(self) -> dict[str, float]:
         """One step on this rank's share of the prompts: rollout, rewards, update; the metrics of all ranks."""
-        timer, records = PhaseTimer(), self.next_records()
-        with timer("rollout"):
-            tree = self._rollout(records)
-        with timer("reward"):
-            result, rewards, parsed = score_tree(tree, records, self.adapter, self.rewards)
-        samples = completion_samples(tree, records, result, parsed, self.config.logging.samples)
+        timer = PhaseTimer()
+        batch, refill_metrics = self._step_batch(timer)
+        tree, result = batch.tree, batch.result
+        samples = completion_samples(tree, batch.records, result, batch.parsed, self.config.logging.samples)
         self.logger.log_samples(self.step + 1, samples)
         with timer("update"):
-            update, grad_norm = self._update(tree, self._targets(tree, rewards))
+            update, grad_norm = self._update(tree, self._targets(tree, batch.rewards))
         local = (
             rollout_metrics(tree, timer.seconds["rollout"])
-            | reward_metrics(rewards, parsed, result)
+            | reward_metrics(batch.rewards, batch.parsed, result)
             | update
+            | refill_metrics
             | timer.metrics()
         )
         timeout = self.config.train.dist_timeout_s
         metrics = reduce_metrics(local, timeout_s=timeout)
         metrics |= global_reward_metrics(
-            rewards, result.failures, timeout, step=self.step + 1, is_main=self.dist.is_main
+            batch.rewards, result.failures, timeout, step=self.step + 1, is_main=self.dist.is_main
         )
         metrics |= self.gradient_metrics(grad_norm)
         metrics["time/step_s"] = timer.elapsed()

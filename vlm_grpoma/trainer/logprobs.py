@@ -4,6 +4,9 @@ Each (prompt, thought k, answer m) path is one left-padded row ``prompt + though
 over the rows gives every answer's log-probs, and the thought's from its first path (m = 0), so each thought
 enters the loss once. The shared prefix is recomputed for every path here; the shared-prefix pass
 (``trainer/packed.py``) removes that cost and is tested to reproduce these numbers.
+
+Both passes score under the sampling distribution's temperature (``logits / T``, as TRL and verl do; the rollout
+backends record their log-probs the same way) and can return each token's policy entropy from the same forward.
 """
 
 from __future__ import annotations
@@ -19,26 +22,59 @@ from vlm_grpoma.rollout.tree import RolloutTree
 
 @dataclass
 class PathLogProbs:
-    """Log-probs aligned with the tree's padded token tensors for a subset of its prompts (0 at padding)."""
+    """Log-probs aligned with the tree's padded token tensors for a subset of its prompts (0 at padding), and
+    the policy's entropy at each token when asked for."""
 
     thought: torch.Tensor  # [b, K, Lt]
     answer: torch.Tensor  # [b, K, M, La]
+    thought_entropy: torch.Tensor | None = None  # [b, K, Lt]
+    answer_entropy: torch.Tensor | None = None  # [b, K, M, La]
 
 
-def log_normaliser(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logits in fp32 and their log-sum-exp over the vocabulary, ``[..., V] -> ([..., V], [...])``.
+@dataclass(frozen=True)
+class ScoringOptions:
+    """How a training pass scores tokens: the temperature dividing the logits, and whether to return entropy
+    (``entropy_grad``: differentiable, for an entropy bonus; otherwise computed without grad, in chunks)."""
 
-    The one place both training passes turn logits into log-probs (``logp = logits[target] - lse``), in fp32
-    whatever the model's dtype: a bf16 log-sum-exp over a large vocabulary loses ~1e-2 nats.
-    """
+    temperature: float = 1.0
+    entropy: bool = False
+    entropy_grad: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"the scoring temperature must be > 0, got {self.temperature}")
+
+
+#: teacher forcing on the raw logits, without entropy (SFT, and the tree contract's "raw" log-probs)
+RAW_SCORING = ScoringOptions()
+
+
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / T`` in float32 (the distribution the rollout sampled from, before top-k/top-p)."""
     logits = logits.float()
-    return logits, torch.logsumexp(logits, dim=-1)
+    return logits if temperature == 1.0 else logits / temperature
 
 
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits)[..., target]`` without materialising the full log-softmax: [..., V] -> [...]."""
-    logits, lse = log_normaliser(logits)
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    logits = logits.float()
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def token_entropy(logits: torch.Tensor, *, differentiable: bool = False, rows: int = 256) -> torch.Tensor:
+    """Entropy of ``softmax(logits)`` per position: [..., V] -> [...]; without grad it is computed ``rows``
+    positions at a time, so it costs one chunk of vocabulary-sized memory, not a second copy of the logits."""
+
+    def entropy(values: torch.Tensor) -> torch.Tensor:
+        logp = values.float().log_softmax(-1)
+        return -(logp.exp() * logp).sum(-1)
+
+    if differentiable:
+        return entropy(logits)
+    with torch.no_grad():
+        flat = logits.detach().reshape(-1, logits.shape[-1])
+        parts = [entropy(flat[i : i + rows]) for i in range(0, flat.shape[0], rows)]
+        return torch.cat(parts).view(logits.shape[:-1])
 
 
 def completion_log_probs(
@@ -47,8 +83,10 @@ def completion_log_probs(
     prompt_of_row: Sequence[int],
     completions: Sequence[torch.Tensor],
     tokens: SpecialTokens,
-) -> torch.Tensor:
-    """``[R, C]`` log-probs of each row's completion tokens given its prompt (left-aligned, 0 past the end)."""
+    options: ScoringOptions = RAW_SCORING,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[R, C]`` log-probs of each row's completion tokens given its prompt (left-aligned, 0 past the end),
+    and their entropies when ``options.entropy``."""
     rows = [torch.cat([prompts[p].input_ids, c]) for p, c in zip(prompt_of_row, completions)]
     parameter = next(model.parameters())
     batch = {
@@ -59,6 +97,7 @@ def completion_log_probs(
     width = max(len(c) for c in completions)
     # Left padding: every completion ends at the last column; logits at column j predict token j + 1.
     logits = model(**batch, use_cache=False, logits_to_keep=width + 1).logits[:, :-1]
+    logits = tempered(logits, options.temperature)
     right_aligned = token_log_probs(logits, batch["input_ids"][:, -width:])
     lengths = torch.tensor([len(c) for c in completions], device=parameter.device)
     # Shift each row left by its padding so completion token i sits in column i.
@@ -66,11 +105,18 @@ def completion_log_probs(
         max=width - 1
     )
     valid = torch.arange(width, device=parameter.device) < lengths.unsqueeze(1)
-    return right_aligned.gather(1, columns) * valid
+    entropy = None
+    if options.entropy:
+        entropy = token_entropy(logits, differentiable=options.entropy_grad).gather(1, columns) * valid
+    return right_aligned.gather(1, columns) * valid, entropy
 
 
 def path_log_probs(
-    model: torch.nn.Module, tree: RolloutTree, prompt_indices: Sequence[int], tokens: SpecialTokens
+    model: torch.nn.Module,
+    tree: RolloutTree,
+    prompt_indices: Sequence[int],
+    tokens: SpecialTokens,
+    options: ScoringOptions = RAW_SCORING,
 ) -> PathLogProbs:
     """Log-probs (with grad if enabled) of the thoughts and answers of ``prompt_indices``, one forward."""
     _, k_count, m_count = tree.shape
@@ -82,17 +128,24 @@ def path_log_probs(
             for m in range(m_count):
                 owners.append(b)
                 completions.append(torch.cat([thought, tree.answer_tokens(b, k, m)]))
-    logp = completion_log_probs(model, tree.prompts, owners, completions, tokens)
-    logp = logp.view(b_count, k_count, m_count, -1)
-    thought_len = tree.thought_lengths[list(prompt_indices)].to(logp.device)  # [b, K]
+    per_path = completion_log_probs(model, tree.prompts, owners, completions, tokens, options)
+    index = list(prompt_indices)
+    thought_len = tree.thought_lengths[index].to(per_path[0].device)  # [b, K]
     lt, la = tree.thought_ids.shape[-1], tree.answer_ids.shape[-1]
-    # Thoughts from their first path (m = 0); answers start right after their thought.
-    thought = _take(logp[:, :, 0], torch.zeros_like(thought_len), lt)
-    answer = _take(logp, thought_len.unsqueeze(-1).expand(-1, -1, m_count), la)
-    return PathLogProbs(
-        thought * tree.thought_mask[list(prompt_indices)].to(logp.device),
-        answer * tree.answer_mask[list(prompt_indices)].to(logp.device),
-    )
+    thought_mask = tree.thought_mask[index].to(thought_len.device)
+    answer_mask = tree.answer_mask[index].to(thought_len.device)
+
+    def split(values: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Thoughts from their first path (m = 0); answers start right after their thought."""
+        if values is None:
+            return None, None
+        values = values.view(b_count, k_count, m_count, -1)
+        thought = _take(values[:, :, 0], torch.zeros_like(thought_len), lt)
+        answer = _take(values, thought_len.unsqueeze(-1).expand(-1, -1, m_count), la)
+        return thought * thought_mask, answer * answer_mask
+
+    (thought, answer), (thought_entropy, answer_entropy) = split(per_path[0]), split(per_path[1])
+    return PathLogProbs(thought, answer, thought_entropy, answer_entropy)
 
 
 def _take(values: torch.Tensor, starts: torch.Tensor, width: int) -> torch.Tensor:

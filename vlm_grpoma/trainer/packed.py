@@ -28,7 +28,7 @@ import torch
 from vlm_grpoma.models.attention import BLOCK_MASK_ATTENTION, FLEX_ATTENTION
 from vlm_grpoma.models.base import SpecialTokens, collate, rope_index_owner
 from vlm_grpoma.rollout.tree import RolloutTree
-from vlm_grpoma.trainer.logprobs import PathLogProbs, log_normaliser
+from vlm_grpoma.trainer.logprobs import RAW_SCORING, PathLogProbs, ScoringOptions, tempered, token_entropy
 
 #: Attention implementations that accept an arbitrary 4-D additive mask.
 MASKABLE_ATTENTION = ("sdpa", "eager")
@@ -221,7 +221,11 @@ def block_mask(packed: PackedBatch, device: torch.device, block: int = FLEX_BLOC
 
 
 def shared_prefix_log_probs(
-    model: torch.nn.Module, tree: RolloutTree, prompt_indices: Sequence[int], tokens: SpecialTokens
+    model: torch.nn.Module,
+    tree: RolloutTree,
+    prompt_indices: Sequence[int],
+    tokens: SpecialTokens,
+    options: ScoringOptions = RAW_SCORING,
 ) -> PathLogProbs:
     """Log-probs (with grad if enabled) of the thoughts and answers of ``prompt_indices``, one packed forward."""
     module = getattr(model, "module", model)  # a DeepSpeed engine's .config is its own JSON, not the model's
@@ -255,16 +259,25 @@ def shared_prefix_log_probs(
         use_cache=False,
         logits_to_keep=keep,
     ).logits
-    logits, lse = log_normaliser(logits)  # lse [b, keep]: once per column, shared by the targets it predicts
+    logits = tempered(logits, options.temperature)
+    lse = torch.logsumexp(logits, dim=-1)  # [b, keep]: once per column, shared by all the targets it predicts
+    entropy = token_entropy(logits, differentiable=options.entropy_grad) if options.entropy else None
 
-    def gather(source: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def at(source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row, column) of each target's predicting column in the kept logits."""
         rows = (
             torch.arange(source.shape[0], device=dev).view(-1, *([1] * (source.dim() - 1))).expand_as(source)
         )
-        columns = source.to(dev) - packed.first_target_column
-        return logits[rows, columns, targets.to(dev)] - lse[rows, columns]
+        return rows, source.to(dev) - packed.first_target_column
 
     index = list(prompt_indices)
-    thought = gather(packed.thought_source, tree.thought_ids[index])
-    answer = gather(packed.answer_source, tree.answer_ids[index])
-    return PathLogProbs(thought * tree.thought_mask[index].to(dev), answer * tree.answer_mask[index].to(dev))
+    thought_mask, answer_mask = tree.thought_mask[index].to(dev), tree.answer_mask[index].to(dev)
+    t_rows, t_cols = at(packed.thought_source)
+    a_rows, a_cols = at(packed.answer_source)
+    thought = logits[t_rows, t_cols, tree.thought_ids[index].to(dev)] - lse[t_rows, t_cols]
+    answer = logits[a_rows, a_cols, tree.answer_ids[index].to(dev)] - lse[a_rows, a_cols]
+    scores = PathLogProbs(thought * thought_mask, answer * answer_mask)
+    if entropy is not None:
+        scores.thought_entropy = entropy[t_rows, t_cols] * thought_mask
+        scores.answer_entropy = entropy[a_rows, a_cols] * answer_mask
+    return scores

@@ -100,7 +100,7 @@ class SFTTrainer(Trainer):
             self.engine.plan_step(len(chunks))
         loss_sum = 0.0
         for rows in chunks:
-            logp = completion_log_probs(
+            logp, _ = completion_log_probs(
                 self.engine.deepspeed, prompts, rows, [targets[i] for i in rows], self.adapter.tokens
             )
             loss = -logp.sum() / total_tokens

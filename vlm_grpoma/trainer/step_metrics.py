@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class PhaseTimer:
-    """Wall-clock seconds of a step's phases: ``with timer("rollout"): ...`` then ``timer.seconds["rollout"]``."""
+    """Wall-clock seconds of a step's phases: ``with timer("rollout"): ...`` then ``timer.seconds["rollout"]``
+    (a phase timed twice, e.g. a refill rollout, adds up)."""
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
@@ -37,7 +38,7 @@ class PhaseTimer:
         try:
             yield
         finally:
-            self.seconds[phase] = time.perf_counter() - began
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - began
 
     def metrics(self) -> dict[str, float]:
         """``time/<phase>_s`` for every timed phase."""

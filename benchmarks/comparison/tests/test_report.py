@@ -46,7 +46,7 @@ def _write_run(
             "reward/total_mean": float(reward[step - 1]),
             "reward/iou_mean": float(reward[step - 1]),
             "train/grad_norm": 0.5 + step / 100,
-            "train/gss": gss + (step == 3),
+            "train/gss_running": gss + (step == 3),
             "train/gss10_count": spikes * (step == len(reward)),
             "variance/thought_adv_estimate": thought_variance,
             "time/step_s": step_s,

@@ -10,6 +10,13 @@ pushes into the surface there (``up`` = reversed surface normal plus ManipLLM's 
 per component; ``forward`` random and orthogonal) and pulls; ManipLLM keeps a sample only when that succeeds
 under its collection rule (|dq| > 0.1 or half the range, cosine > 0.5), and so do we. The demonstration is
 the episode's ground truth: ``oracle`` in evaluation, the answer in training records.
+
+Pixel order: ManipLLM's contact pixel "(x, y)" is (row, column) — ``xs, ys = np.where(aff > 0.6)``, then
+``gt_nor[x, y]`` and PIL's ``draw.ellipse((y - r, x - r, ...))`` in ``collect_data.py``, and the test script
+indexes ``cam_XYZA[x, y]`` with the parsed answer — as integer indices. Ours is (x, y) = (column, row) at the
+pixel centre (``point_2d``, as every answer of this suite): ManipLLM's "(r, c)" is our (c + 0.5, r + 0.5).
+Nothing here reads ManipLLM's pixels (episodes and answers are ours), so no transpose is applied anywhere;
+data converted from ManipLLM must swap the two.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ to 400 N (ManipLLM's gripper joints are driven at 1000 N/m with no force limit),
 with the Panda hand's collision boxes (scaled 1.2 as ManipLLM loads it) that starts 0.15 back along ``up``,
 approaches to 0.10 (its closed fingertips reach 0.134, so they press on the surface), attaches by suction
 and pulls back to 0.5; images show the object on white. Both judge success with ManipLLM's test rule.
+The action's pixel is (x, y) = (column, row); ManipLLM's answer "(x, y)" is (row, column) (see
+:mod:`~vlm_grpoma.envs.sapien.manipllm`).
 """
 
 from __future__ import annotations

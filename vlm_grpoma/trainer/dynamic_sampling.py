@@ -1,0 +1,122 @@
+"""DAPO's dynamic sampling in GRPO-MA form: a prompt whose K·M finite rewards are all equal has zero thought and
+answer advantages (no signal), so it is dropped and fresh prompts are rolled out until the step is full.
+
+Each rank fills its own share. Every rank runs the same number of refill rounds (the largest any rank needs), so
+the prompt sampler advances alike on every rank and a resumed run draws the same prompts and seeds as an
+uninterrupted one. After ``max_rounds`` extra rollouts the step trains on the informative prompts it has (all
+of the first draw when none was informative: their advantages are 0 and only the KL term trains).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.rewards.base import RewardResult
+from vlm_grpoma.rollout.tree import RolloutTree
+from vlm_grpoma.trainer.logging import reduce_metrics
+
+
+@dataclass
+class ScoredBatch:
+    """A rank's prompts with their rollout tree and scores (rewards and parse flags ``[B, K, M]``; the reward
+    result flat over (b, k, m))."""
+
+    records: list[Record]
+    tree: RolloutTree
+    result: RewardResult
+    rewards: torch.Tensor
+    parsed: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return len(self.records)
+
+    def select(self, prompts: list[int]) -> ScoredBatch:
+        per_prompt = self.rewards.shape[1] * self.rewards.shape[2]
+        flat = [b * per_prompt + i for b in prompts for i in range(per_prompt)]
+        result = RewardResult(
+            total=[self.result.total[i] for i in flat],
+            components={name: [values[i] for i in flat] for name, values in self.result.components.items()},
+            failures=dict(self.result.failures),
+        )
+        return ScoredBatch(
+            [self.records[b] for b in prompts],
+            self.tree.select(prompts),
+            result,
+            self.rewards[prompts],
+            self.parsed[prompts],
+        )
+
+    @staticmethod
+    def concatenate(batches: list[ScoredBatch]) -> ScoredBatch:
+        """The batches' prompts in order; failure counts add up (they count every answer scored)."""
+        failures: dict[str, int] = {}
+        for batch in batches:
+            for reason, count in batch.result.failures.items():
+                failures[reason] = failures.get(reason, 0) + count
+        names = list(batches[0].result.components)
+        result = RewardResult(
+            total=[v for b in batches for v in b.result.total],
+            components={n: [v for b in batches for v in b.result.components[n]] for n in names},
+            failures=failures,
+        )
+        return ScoredBatch(
+            [r for b in batches for r in b.records],
+            RolloutTree.concatenate([b.tree for b in batches]),
+            result,
+            torch.cat([b.rewards for b in batches]),
+            torch.cat([b.parsed for b in batches]),
+        )
+
+
+def informative_prompts(rewards: torch.Tensor) -> list[int]:
+    """Prompts of ``rewards [B, K, M]`` with at least two distinct finite rewards (a nonzero advantage)."""
+    finite = torch.isfinite(rewards).flatten(1)
+    values = rewards.flatten(1)
+    highest = values.where(finite, -torch.inf).amax(-1)
+    lowest = values.where(finite, torch.inf).amin(-1)
+    return (highest > lowest).nonzero().flatten().tolist()
+
+
+@dataclass(frozen=True)
+class Refilled:
+    """The step's batch after dynamic sampling and what it took."""
+
+    batch: ScoredBatch
+    rounds: int
+    rolled_prompts: int
+    informative: int  # informative prompts among all rolled (some may not have been needed)
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "groups/filtered_fraction": 1.0 - self.informative / max(self.rolled_prompts, 1),
+            "groups/refill_rounds": float(self.rounds),
+        }
+
+
+def refill(
+    first: ScoredBatch,
+    draw: Callable[[int], ScoredBatch],
+    max_rounds: int,
+    timeout_s: float | None = None,
+) -> Refilled:
+    """Keep ``first``'s informative prompts and add those of ``draw(round)`` (a fresh share of prompts, rolled
+    out and scored) until the share is full on every rank or ``max_rounds`` rounds ran."""
+    target = first.size
+    found = informative_prompts(first.rewards)
+    kept, have, informative, rolled, rounds = [first.select(found)], len(found), len(found), first.size, 0
+    while rounds < max_rounds and reduce_metrics({"short": float(have < target)}, "max", timeout_s)["short"]:
+        rounds += 1
+        more = draw(rounds)
+        found = informative_prompts(more.rewards)
+        rolled, informative = rolled + more.size, informative + len(found)
+        useful = more.select(found[: max(target - have, 0)])
+        kept.append(useful)
+        have += useful.size
+    if have == 0:
+        return Refilled(first, rounds, rolled, 0)
+    return Refilled(ScoredBatch.concatenate([b for b in kept if b.size]), rounds, rolled, informative)
