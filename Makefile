@@ -10,7 +10,7 @@ export TORCH_EXTENSIONS_DIR := $(CACHE)/torch_extensions
 export VLM_GRPOMA_CACHE := $(CACHE)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-vllm setup-vllm lint setup clean
+.PHONY: demo test test-vllm setup-vllm lint setup clean device-check device-wheels
 
 setup: $(STAMP) $(CACHE)/wheels/.dashscope $(CACHE)/mesa/.done
 
@@ -70,6 +70,14 @@ test-vllm: $(VLLM_STAMP)
 
 demo: setup
 	$(BIN)/vlm-grpoma demo
+
+# On a bare CUDA machine (no venv, no network): the gpu tests, a real-size step and the T4A4 / T16A1 speeds, one
+# JSON (scripts/device_check.sh; --dry-run lists it). The wheels it installs are fetched here by device-wheels.
+device-check:
+	bash scripts/device_check.sh
+
+device-wheels: $(STAMP)
+	PYTHON=$(BIN)/python bash scripts/fetch_device_wheels.sh 3.12 .device-wheels
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(CACHE)

@@ -191,6 +191,7 @@ def measure(args: argparse.Namespace) -> dict:
     states = sum(plan.states.values())
     return {
         "model": args.model,
+        "args": {k: v for k, v in vars(args).items() if isinstance(v, (bool, int, float, str))},
         "layers": args.layers,
         "trainable_parameters": sum(p.numel() for p in trained),
         "phases": phases,

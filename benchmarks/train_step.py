@@ -189,6 +189,81 @@ def print_table(rows: list[dict], methods: list[str]) -> None:
             )
 
 
+# --- Shared-prefix mask at long packed rows: dense [L, L] (SDPA) vs FlexAttention BlockMask -----------------
+
+MASK_LENGTHS = (1024, 4096, 8192, 16384)
+
+
+def _tensor_bytes(value) -> int:
+    """Bytes held by a tensor or by every tensor a BlockMask keeps."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+    names += ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+    return sum(_tensor_bytes(getattr(value, n)) for n in names if getattr(value, n) is not None)
+
+
+def mask_child(folder: Path, length: int, workdir: Path) -> dict[str, float]:
+    """One packed row of ``length`` tokens (T4A4): each mask's build time, peak RSS growth and bytes held, and
+    the SDPA pass (forward + backward) time and peak at that length."""
+    from vlm_grpoma.trainer.packed import block_mask, dense_mask, pack
+
+    loaded = load_model(ModelConfig(name_or_path=str(folder), dtype="float32", max_pixels=112 * 112))
+    model, tokens = loaded.model.train(), loaded.adapter.tokens
+    prompts = make_prompts(loaded.adapter, workdir, 1, 112)
+    answer = 16
+    thought = (length - len(prompts[0].input_ids) - 16 * answer) // 4
+    tree = fixed_tree(prompts, tokens, 4, 4, thought, answer)
+    packed = pack(model, tree, [0], tokens)
+    row = {"length": packed.input_ids.shape[1]}
+    cpu = torch.device("cpu")
+    for name, build in (
+        ("dense", lambda: dense_mask(packed, torch.float32, cpu)),
+        ("flex", lambda: block_mask(packed, cpu)),
+    ):
+        Path("/proc/self/clear_refs").write_text("5")
+        base, start = _rss_kib("VmRSS"), time.perf_counter()
+        mask = build()
+        row[f"{name}_mask_s"] = time.perf_counter() - start
+        row[f"{name}_mask_peak_mib"] = (_rss_kib("VmHWM") - base) / 1024
+        row[f"{name}_mask_held_mib"] = _tensor_bytes(mask) / 2**20
+        del mask
+    result = measure(shared_prefix_log_probs, model, tree, tokens, repeats=1)
+    row["sdpa_pass_s"], row["sdpa_pass_peak_mib"] = result["seconds"], result["peak_mib"]
+    return row
+
+
+def bench_masks(args: argparse.Namespace) -> list[dict]:
+    """The mask table at :data:`MASK_LENGTHS`, one child process per length (a fresh peak; a length that runs
+    out of ``--mask-timeout`` seconds is reported as not run)."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = build_tiny_model("qwen2_vl", Path(tmp) / "tiny", seed=0)
+        for length in args.mask_lengths:
+            out = Path(tmp) / f"{length}.json"
+            command = [sys.executable, __file__, "--mask-child", str(folder), str(length), str(out)]
+            try:
+                subprocess.run(command, check=True, timeout=args.mask_timeout)
+                rows.append(json.loads(out.read_text()))
+            except (subprocess.TimeoutExpired, subprocess.CalledProcessError) as err:
+                rows.append({"length": length, "error": type(err).__name__})
+            print(f"  mask table: {rows[-1]}", flush=True)
+    print("\n== shared-prefix mask, one packed row (T4A4, tiny qwen2_vl, fp32) ==")
+    print(
+        f"{'L':>6} {'dense held':>11} {'dense peak':>11} {'dense s':>8} {'flex held':>10} {'flex peak':>10} {'flex s':>7} {'SDPA pass s':>12} {'SDPA peak':>10}"
+    )
+    for r in rows:
+        if "error" in r:
+            print(f"{r['length']:6d} not run ({r['error']})")
+            continue
+        print(
+            f"{r['length']:6d} {r['dense_mask_held_mib']:9.1f}Mi {r['dense_mask_peak_mib']:9.1f}Mi "
+            f"{r['dense_mask_s']:8.2f} {r['flex_mask_held_mib']:8.2f}Mi {r['flex_mask_peak_mib']:8.1f}Mi "
+            f"{r['flex_mask_s']:7.2f} {r['sdpa_pass_s']:12.2f} {r['sdpa_pass_peak_mib']:8.1f}Mi"
+        )
+    return rows
+
+
 # --- Full trainer step: rollout + rewards + update of the real GRPO-MA Trainer, naive vs shared pass --------
 
 STEP_KEYS = (
@@ -596,7 +671,21 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument(
+        "--mask-table",
+        action="store_true",
+        help="only the dense vs FlexAttention mask table at 1k-16k tokens",
+    )
+    parser.add_argument("--mask-lengths", type=int, nargs="+", default=list(MASK_LENGTHS))
+    parser.add_argument("--mask-timeout", type=float, default=300.0, help="seconds per length")
+    parser.add_argument("--mask-child", nargs=3, metavar=("MODEL", "LENGTH", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.mask_child:
+        torch.set_num_threads(args.threads)
+        folder, length, out = args.mask_child
+        with tempfile.TemporaryDirectory() as tmp:
+            Path(out).write_text(json.dumps(mask_child(Path(folder), int(length), Path(tmp))))
+        return
     if args.trl_child:
         torch.set_num_threads(args.threads)
         model_dir, data, side, k, length = args.trl_child
@@ -610,6 +699,11 @@ def main() -> None:
         os.execve(
             sys.executable, [sys.executable, *sys.argv], {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
         )
+    if args.mask_table:
+        rows = bench_masks(args)
+        if args.json:
+            args.json.write_text(json.dumps({"masks": rows}, indent=1))
+        return
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(TRL_DIR.parent / "torch_extensions"))
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -269,3 +269,39 @@ def test_readme_and_help_state_the_plans_assumptions(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     assert "estimate_zero3_model_states_mem_needs" in capsys.readouterr().out
+
+
+def test_flex_attention_plans_the_block_mask_and_token_budgets_the_micro_batch(tiny_model_dir, tmp_path):
+    """The Flex mask term is the bytes a real BlockMask of the packed rows holds (block tables + segment
+    table), far below the dense (w + 4) L^2; a token budget sets the micro-batch's prompts."""
+    from tests.trainer.test_packed import _load, _prompts, _ragged_tree
+    from vlm_grpoma.planning.memory import mask_bytes
+    from vlm_grpoma.trainer.packed import block_mask, pack
+
+    overrides = ["model.name_or_path=Qwen/Qwen2-VL-2B-Instruct", "deepspeed.precision=bf16"]
+    overrides += ["train.prompts_per_step=8", "rollout.max_thought_tokens=400", "model.max_pixels=802816"]
+    dense = load_config(None, overrides)
+    flex = load_config(None, [*overrides, "model.attn_implementation=flex_attention"])
+    plans = [estimate(c, model_stats(c), Hardware(1, 1, 80)) for c in (dense, flex)]
+    row = plans[0].shapes.packed_row
+    assert row > 2048 and plans[0].training_pass["attention mask"] == 6 * row**2
+    assert plans[1].training_pass["attention mask"] < plans[0].training_pass["attention mask"] / 100
+    assert plans[1].total < plans[0].total
+
+    model, adapter = _load(tiny_model_dir, "qwen2_vl", lora=False)
+    tree = _ragged_tree(_prompts(adapter, tmp_path), adapter.tokens, k=4, m=3, seed=9)
+    packed = pack(model, tree, [0, 1, 2], adapter.tokens)
+    n, total = packed.input_ids.shape
+    built = block_mask(packed, torch.device("cpu"), block=16)
+    tables = [built.kv_num_blocks, built.kv_indices, built.full_kv_num_blocks, built.full_kv_indices]
+    tables += [built.q_num_blocks, built.q_indices, built.full_q_num_blocks, built.full_q_indices]
+    held = sum(t.numel() * t.element_size() for t in tables)
+    blocks = -(-total // 16)
+    segments = n * blocks * 16 * (1 + 8 + 8)  # valid, thought_of, answer_of, padded to whole blocks
+    assert mask_bytes(flex, n, total, 2, block=16) == held + segments
+
+    budget = load_config(
+        None, [*overrides, f"train.micro_batch_tokens={3 * row}", "train.micro_batch_prompts=8"]
+    )
+    plan = estimate(budget, model_stats(budget), Hardware(1, 1, 80))
+    assert plan.training_pass["attention mask"] == 3 * 6 * row**2  # three packed rows fit the budget

@@ -169,7 +169,7 @@ class ModelConfig:
     #: dtype of the loaded weights; auto: the checkpoint's own; must agree with deepspeed.precision
     #: (TRL: model_init_kwargs.dtype)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    #: attention kernel; train.logprob_pass=shared needs sdpa or eager
+    #: attention kernel; train.logprob_pass=shared needs sdpa, eager or flex_attention
     #: (TRL: model_init_kwargs.attn_implementation)
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
     #: run the checkpoint's own Python code (transformers' trust_remote_code); off unless you trust it
@@ -416,8 +416,12 @@ class TrainConfig:
     #: (TRL: per_device_train_batch_size / num_generations;
     #: verl: actor.ppo_micro_batch_size_per_gpu, which counts responses, not prompts)
     micro_batch_prompts: int = checked(1, Range(ge=1))
+    #: token budget of one micro-batch (0: off, micro-batches of micro_batch_prompts prompts): prompts are grouped
+    #: so that rows x longest row (shared pass: one packed row per prompt; naive: K*M path rows) stays within it;
+    #: a prompt over the budget alone gets its own micro-batch. verl: ppo_max_token_len_per_gpu
+    micro_batch_tokens: int = checked(0, Range(ge=0))
     #: "shared": image + prompt once per prompt and each thought once for its M answers (one packed row per
-    #: prompt, 4-D attention mask; needs sdpa or eager attention); "naive": one row per path (for debugging).
+    #: prompt; needs sdpa/eager attention (4-D mask) or flex_attention (block mask)); "naive": one row per path.
     logprob_pass: Literal["shared", "naive"] = "shared"
     #: score greedy answers on ``data.eval_sets`` with the training rewards before step 1, every this many
     #: steps and after the last step; steps, >= 0, 0: never (TRL: eval_steps; verl: trainer.test_freq)
@@ -887,10 +891,10 @@ def validate(config: Config, world_size: int | None = None) -> None:
             f"options for a reward that is not in rewards.weights ({', '.join(config.rewards.weights)})",
         )
     _require(
-        t.logprob_pass == "naive" or config.model.attn_implementation in ("sdpa", "eager"),
+        t.logprob_pass == "naive" or config.model.attn_implementation in ("sdpa", "eager", "flex_attention"),
         "train.logprob_pass",
-        f"'shared' needs model.attn_implementation sdpa or eager (a 4-D attention mask), "
-        f"got {config.model.attn_implementation!r}; use train.logprob_pass=naive",
+        f"'shared' needs model.attn_implementation sdpa, eager (a 4-D attention mask) or flex_attention "
+        f"(a block mask), got {config.model.attn_implementation!r}; use train.logprob_pass=naive",
     )
     _require(
         t.eval_every == 0 or bool(config.data.eval_sets),

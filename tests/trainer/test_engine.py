@@ -50,8 +50,10 @@ def test_deepspeed_config_takes_batch_precision_and_clipping_from_the_run_config
     one = deepspeed_config(load_config(None, ["deepspeed.zero_stage=1"]), world_size=1, on_gpu=False)
     assert one["zero_optimization"]["stage"] == 1 and one["zero_optimization"]["contiguous_gradients"]
 
-    with pytest.raises(ConfigError, match="deepspeed.precision: bf16 needs a GPU"):
-        deepspeed_config(load_config(None, ["deepspeed.precision=bf16"]), world_size=1, on_gpu=False)
+    with pytest.raises(ConfigError, match="deepspeed.precision: fp16 needs a GPU"):
+        deepspeed_config(load_config(None, ["deepspeed.precision=fp16"]), world_size=1, on_gpu=False)
+    cpu_bf16 = deepspeed_config(load_config(None, ["deepspeed.precision=bf16"]), world_size=1, on_gpu=False)
+    assert cpu_bf16["bf16"]["enabled"] and not cpu_bf16["fp16"]["enabled"]
     with pytest.raises(ConfigError, match="model.dtype: float32 contradicts deepspeed.precision=bf16"):
         deepspeed_config(
             load_config(None, ["deepspeed.precision=bf16", "model.dtype=float32"]), 1, on_gpu=True

@@ -7,12 +7,13 @@ from PIL import Image
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import ModelConfig
 from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.models.attention import BLOCK_MASK_ATTENTION
 from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.hf import HFRolloutEngine
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
-from vlm_grpoma.trainer.packed import pack, shared_prefix_log_probs
+from vlm_grpoma.trainer.packed import allowed, block_mask, pack, shared_prefix_log_probs
 
 SIZES = [(90, 70), (50, 120), (112, 112)]
 
@@ -154,7 +155,7 @@ def test_each_prompt_and_thought_is_packed_once(tiny_model_dir, tmp_path):
     thought_end = start + int(tree.thought_lengths[row, k])
     answer_start = thought_end + int(tree.answer_lengths[row, k, :m].sum())
     query = answer_start + 1
-    visible = packed.allowed[row, query].nonzero().flatten().tolist()
+    visible = allowed(packed)[row, query].nonzero().flatten().tolist()
     prompt_cols = list(range(width - len(prompts[row].input_ids), width))
     assert visible == prompt_cols + list(range(start, thought_end)) + [answer_start, query]
 
@@ -163,7 +164,7 @@ def test_flash_attention_is_refused(tiny_model_dir, tmp_path):
     model, adapter = _load(tiny_model_dir, "qwen2_vl", lora=False)
     tree = _ragged_tree(_prompts(adapter, tmp_path), adapter.tokens)
     model.config._attn_implementation = "flash_attention_2"
-    with pytest.raises(ValueError, match="4-D attention mask"):
+    with pytest.raises(ValueError, match="4-D attention mask or a FlexAttention block mask"):
         shared_prefix_log_probs(model, tree, [0], adapter.tokens)
 
 
@@ -212,3 +213,73 @@ def test_qwen2_5_vl_real_window_size_with_images_spanning_several_windows(tiny_m
         shared = shared_prefix_log_probs(model, tree, [0, 1], adapter.tokens)
     torch.testing.assert_close(shared.thought, tree.thought_logprobs * tree.thought_mask, atol=1e-4, rtol=0)
     torch.testing.assert_close(shared.answer, tree.answer_logprobs * tree.answer_mask, atol=1e-4, rtol=0)
+
+
+# -- FlexAttention (model.attn_implementation: flex_attention) ------------------------------------------------
+
+
+def test_flex_attention_matches_sdpa_forward(arch, tiny_model_dir, tmp_path):
+    """The block-mask pass gives the dense-mask pass's log-probs, every family, ragged tree, padded rows.
+
+    Forward only: torch has no FlexAttention backward on CPU (gradients: tests/gpu). The CPU kernel is torch's
+    eager flex_attention (the mask_mod on the dense grid); the block structure is tested below."""
+    sdpa, adapter = _load(tiny_model_dir, arch, lora=False)
+    flex, _ = _load(tiny_model_dir, arch, lora=False, attn="flex_attention")
+    assert flex.config._attn_implementation == BLOCK_MASK_ATTENTION
+    tree = _ragged_tree(_prompts(adapter, tmp_path), adapter.tokens, k=3, m=3, seed=6)
+    with torch.no_grad():
+        dense = shared_prefix_log_probs(sdpa, tree, [2, 0, 1], adapter.tokens)
+        blocks = shared_prefix_log_probs(flex, tree, [2, 0, 1], adapter.tokens)
+    assert dense.answer.abs().sum() > 0
+    torch.testing.assert_close(blocks.thought, dense.thought, atol=1e-5, rtol=0)
+    torch.testing.assert_close(blocks.answer, dense.answer, atol=1e-5, rtol=0)
+
+
+def test_flex_attention_refuses_a_cpu_backward(tiny_model_dir, tmp_path):
+    flex, adapter = _load(tiny_model_dir, "qwen2_vl", lora=False, attn="flex_attention")
+    tree = _ragged_tree(_prompts(adapter, tmp_path), adapter.tokens)
+    with pytest.raises(ValueError, match="flex_attention has no backward on CPU"):
+        shared_prefix_log_probs(flex, tree, [0], adapter.tokens)
+
+
+def test_flex_generation_uses_sdpa_masks(tiny_model_dir, tmp_path):
+    """Generation (2-D mask, KV cache) under the flex backend samples what SDPA samples."""
+    params = SamplingParams(
+        num_thoughts=2, answers_per_thought=2, max_thought_tokens=4, max_answer_tokens=3, seed=2
+    )
+    trees = []
+    for attn in ("sdpa", "flex_attention"):
+        model, adapter = _load(tiny_model_dir, "qwen2_5_vl", lora=False, attn=attn)
+        trees.append(HFRolloutEngine.for_adapter(model, adapter).sample(_prompts(adapter, tmp_path), params))
+    assert torch.equal(trees[0].thought_ids, trees[1].thought_ids)
+    assert torch.equal(trees[0].answer_ids, trees[1].answer_ids)
+
+
+@pytest.mark.parametrize("block", [16, 128])
+def test_block_mask_matches_torch_create_block_mask(block, tiny_model_dir, tmp_path):
+    """The stripe-by-stripe BlockMask has torch's own block structure (empty / partial / full blocks) and its
+    dense expansion is the dense mask, at a block size smaller than the rows (many blocks) and larger."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    model, adapter = _load(tiny_model_dir, "qwen2_vl", lora=False)
+    tree = _ragged_tree(_prompts(adapter, tmp_path), adapter.tokens, k=4, m=3, seed=7)
+    packed = pack(model, tree, [0, 1, 2], adapter.tokens)
+    n, total = packed.input_ids.shape
+    dense = allowed(packed)
+
+    ours = block_mask(packed, torch.device("cpu"), block=block)
+    reference = create_block_mask(
+        lambda b, h, q, kv: dense[b, q, kv], n, None, total, total, device="cpu", BLOCK_SIZE=block
+    )
+    assert ours.shape == reference.shape == (n, 1, total, total)
+    assert -(-total // block) > (2 if block == 16 else 0)
+    for name in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
+        assert torch.equal(getattr(ours, name), getattr(reference, name)), name
+    for name, count in (("kv_indices", "kv_num_blocks"), ("full_kv_indices", "full_kv_num_blocks")):
+        for row in range(n):
+            for qb, c in enumerate(getattr(ours, count)[row, 0].tolist()):
+                got = sorted(getattr(ours, name)[row, 0, qb, :c].tolist())
+                assert got == sorted(getattr(reference, name)[row, 0, qb, :c].tolist()), (name, row, qb)
+    grid = torch.arange(total)
+    by_mod = ours.mask_mod(torch.arange(n)[:, None, None], 0, grid[None, :, None], grid[None, None, :])
+    assert torch.equal(by_mod, dense)

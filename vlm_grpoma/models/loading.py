@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from vlm_grpoma.config import ConfigError, ModelConfig
+from vlm_grpoma.models.attention import hf_attn_implementation
 from vlm_grpoma.models.qwen import QwenVLAdapter
 from vlm_grpoma.models.registry import load_adapter
 from vlm_grpoma.models.sources import adapter_chain, local_path
@@ -71,7 +72,7 @@ def load_pretrained(model_cfg: ModelConfig, dtype: torch.dtype | str) -> torch.n
         return AutoModelForImageTextToText.from_pretrained(
             chain.base,
             dtype=dtype,
-            attn_implementation=model_cfg.attn_implementation,
+            attn_implementation=hf_attn_implementation(model_cfg.attn_implementation),
             trust_remote_code=model_cfg.trust_remote_code,
         )
 

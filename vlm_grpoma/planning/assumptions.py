@@ -17,7 +17,8 @@ frozen, N data-parallel ranks (GPUs x nodes), w bytes per weight (2 for bf16/fp1
    (8T/N from ZeRO-1) plus DeepSpeed's fp32 partition copy 4T/N at ZeRO-1/2. Frozen weights take
    wF (wF/N at ZeRO-3); a full-fine-tuning reference model for the KL term another wP (/N at
    ZeRO-3). Communication buckets: the ZeRO JSON's reduce/all-gather (or prefetch) bucket sizes, w each.
-2. Training pass (one micro-batch of train.micro_batch_prompts prompts). The shared-prefix pass packs one
+2. Training pass (one micro-batch of train.micro_batch_prompts prompts, or with train.micro_batch_tokens
+   as many rows at the budget maxima as the budget holds, at least one). The shared-prefix pass packs one
    row per prompt: prompt + K*thought + K*M*answer tokens at the budget maxima; the naive pass has K*M
    rows of prompt + thought + answer. A prompt is max_pixels / factor^2 image tokens plus 200 text
    tokens (full prompt style; 70 compact), measured with the real Qwen2 tokenizer with a 15-word referring
@@ -28,8 +29,10 @@ frozen, N data-parallel ranks (GPUs x nodes), w bytes per weight (2 for bf16/fp1
    width); LoRA dropout adds (w + 1)(6h + I) (a dropped-out copy and its mask per adapted input). Gradient
    checkpointing keeps only each layer's input (wh) plus one layer's activations during its recompute.
    Attention is assumed to run in a fused SDPA kernel (no L x L scores; on GPUs the memory-efficient
-   kernel takes the packed pass's mask), plus the mask itself ((w + 4) L^2 per row). Logits of the
-   scored columns (the completion + 1): V(w + 8) bytes each (output, fp32 copy, gradient; 8V in fp32).
+   kernel takes the packed pass's mask), plus the mask itself ((w + 4) L^2 per row; with
+   model.attn_implementation flex_attention a BlockMask: 16 (L/128)(L/128 + 1) + 17L bytes per row).
+   Logits of the scored columns (the completion + 1): V(w + 8) bytes each (output, fp32 copy, gradient;
+   8V in fp32).
    A frozen vision tower keeps nothing for the backward; a trained one keeps w(6h_v + 3I_v) per patch and
    layer. The vision forward's transient peak is not counted (it is smaller than one decoder layer's).
 3. Rollout. rollout.backend: hf keeps a KV cache of prompts per rank x K x M rows of prompt +

@@ -206,11 +206,39 @@ def activation_bytes_per_token(stats: ModelStats, w: int, lora_dropout: bool) ->
     return float(per)
 
 
+def micro_batch_prompts(config: Config, shape: Shapes) -> int:
+    """Prompts in one (the largest) micro-batch: ``train.micro_batch_prompts``, or as many rows at the budget
+    maxima as ``train.micro_batch_tokens`` holds (at least one, at most a rank's share)."""
+    from vlm_grpoma.trainer.micro_batches import prompts_per_micro_batch
+
+    t, r = config.train, config.rollout
+    if not t.micro_batch_tokens:
+        return t.micro_batch_prompts
+    if t.logprob_pass == "shared":
+        row_len, rows = shape.packed_row, 1
+    else:
+        row_len, rows = shape.naive_row, r.num_thoughts * r.answers_per_thought
+    return min(prompts_per_micro_batch(t.micro_batch_tokens, row_len, rows), shape.prompts_per_rank)
+
+
+def mask_bytes(config: Config, rows: int, row_len: int, w: int, block: int | None = None) -> float:
+    """The shared pass's attention mask: dense ``[L, L]`` (w-byte additive + bool visibility) per row, or a
+    FlexAttention BlockMask of ``block`` (128) columns a block: four int32 ``[L/block, L/block + 1]``
+    block-index tables with their counts, and the segment table (17 bytes a column)."""
+    if config.model.attn_implementation != "flex_attention":
+        return float(rows * (w + 4) * row_len**2)
+    from vlm_grpoma.trainer.packed import FLEX_BLOCK
+
+    block = block or FLEX_BLOCK
+    blocks = -(-row_len // block)
+    return float(rows * (4 * 4 * blocks * (blocks + 1) + 17 * blocks * block))
+
+
 def training_pass_bytes(
     config: Config, stats: ModelStats, shape: Shapes, w: int, checkpointing: bool
 ) -> dict[str, float]:
     """Activations, logits and mask of one micro-batch of the configured log-prob pass."""
-    d, r, mb = stats.text, config.rollout, config.train.micro_batch_prompts
+    d, r, mb = stats.text, config.rollout, micro_batch_prompts(config, shape)
     if config.train.logprob_pass == "shared":
         rows, row_len, scored = mb, shape.packed_row, shape.packed_row - shape.prompt_tokens + 1
     else:
@@ -230,7 +258,7 @@ def training_pass_bytes(
         "logits": float(rows * scored * d.vocab * ((w + 8) if w < 4 else 8)),
     }
     if config.train.logprob_pass == "shared":
-        parts["attention mask"] = float(rows * (w + 4) * row_len**2)
+        parts["attention mask"] = mask_bytes(config, rows, row_len, w)
     if stats.trainable_vision:
         v, family = stats.vision_dims, stats.family
         patches = shape.image_tokens * (family.factor // family.patch_size) ** 2

@@ -10,7 +10,16 @@ from pathlib import Path
 
 from vlm_grpoma.config import Config
 from vlm_grpoma.planning.checks import config_problems
-from vlm_grpoma.planning.memory import GIB, Hardware, Knob, MemoryPlan, estimate, first_knob, precision_of
+from vlm_grpoma.planning.memory import (
+    GIB,
+    Hardware,
+    Knob,
+    MemoryPlan,
+    estimate,
+    first_knob,
+    micro_batch_prompts,
+    precision_of,
+)
 from vlm_grpoma.planning.model_stats import ModelStats, model_stats
 
 #: A config's header line naming the GPUs it was written for, e.g. ``# Hardware: 8 GPUs x 80 GB`` or
@@ -106,7 +115,8 @@ def format_report(report: PlanReport, name: str) -> str:
         f"{f' ({report.hardware_source})' if report.hardware_source else ''}; ZeRO-{stage}{offload}",
         f"  tokens       prompt <= {shape.prompt_tokens} ({shape.image_tokens} image), packed row "
         f"{shape.packed_row}, path row {shape.naive_row}; {shape.prompts_per_rank} prompts per GPU per step, "
-        f"{c.train.micro_batch_prompts} per micro-batch",
+        f"{micro_batch_prompts(c, shape)} per micro-batch"
+        + (f" ({c.train.micro_batch_tokens}-token budget)" if c.train.micro_batch_tokens else ""),
         "",
         f"  {'per-GPU memory':<46}{'GB':>8}",
     ]

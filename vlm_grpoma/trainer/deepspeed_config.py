@@ -31,15 +31,9 @@ def resolve_precision(config: Config, on_gpu: bool) -> str:
         raise ConfigError(
             f"model.dtype: {dtype} contradicts deepspeed.precision={precision}; set one of them to auto"
         )
-    if precision != "fp32" and not on_gpu:
-        if key == "model.dtype":
-            raise ConfigError(
-                f"model.dtype: {dtype} needs a GPU (deepspeed.precision=auto follows it); CPU runs train in "
-                "fp32 (set model.dtype=float32 or auto)"
-            )
-        raise ConfigError(
-            f"deepspeed.precision: {precision} needs a GPU; CPU runs train in fp32 (use auto or fp32)"
-        )
+    if precision == "fp16" and not on_gpu:  # DeepSpeed's CPU accelerator does bf16, not fp16 loss scaling
+        asked = dtype if key == "model.dtype" else precision
+        raise ConfigError(f"{key}: {asked} needs a GPU; CPU runs train in fp32 or bf16")
     return precision
 
 
@@ -79,8 +73,13 @@ def deepspeed_config(config: Config, world_size: int, *, on_gpu: bool) -> dict[s
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu}
     ds.update(
         train_batch_size=config.train.prompts_per_step,
-        train_micro_batch_size_per_gpu=config.train.micro_batch_prompts,
-        gradient_accumulation_steps=gradient_accumulation_steps(config, world_size),
+        # token-budget runs: up to one micro-batch per prompt, the step's count set by TrainingEngine.plan_step
+        train_micro_batch_size_per_gpu=1
+        if config.train.micro_batch_tokens
+        else config.train.micro_batch_prompts,
+        gradient_accumulation_steps=config.train.prompts_per_step // world_size
+        if config.train.micro_batch_tokens
+        else gradient_accumulation_steps(config, world_size),
         gradient_clipping=config.optim.max_grad_norm,
         zero_optimization=zero,
         bf16={"enabled": precision == "bf16", "check_grad_overflow": True},

@@ -1,8 +1,9 @@
 """DeepSpeed as the one training engine: the model wrapped with its optimizer and schedule, skip-safe steps.
 
-GPU runs use NCCL and bf16 (ZeRO 0/1/2/3); CPU runs (tests, the demo) use gloo and fp32 with the same code.
-The DeepSpeed JSON comes from ``trainer/deepspeed_config.py``, AdamW and the LR schedule from ``trainer/optim.py``,
-the model (dtype, LoRA, frozen vision) from ``models/loading.py``.
+GPU runs use NCCL and bf16 (ZeRO 0/1/2/3); CPU runs (tests, the demo) use gloo and fp32, or bf16 when asked
+(DeepSpeed's CPU accelerator does bf16, not fp16), with the same code. The DeepSpeed JSON comes from
+``trainer/deepspeed_config.py``, AdamW and the LR schedule from ``trainer/optim.py``, the model (dtype, LoRA,
+frozen vision) from ``models/loading.py``.
 
 Gradient arithmetic. The algorithm's loss (``algorithm/loss.py``) weights every token so that the losses of a
 rank's micro-batches *sum* to that rank's batch loss. :meth:`TrainingEngine.backward` therefore calls
@@ -14,7 +15,8 @@ every rank holds the same number of prompts (``config.validate`` guarantees it).
 against a plain single-process torch computation.
 
 One optimizer step is exactly ``gradient_accumulation_steps`` calls of :meth:`TrainingEngine.backward`
-followed by one :meth:`TrainingEngine.step`. A non-finite loss or gradient on any rank skips the optimizer
+(token-budget runs: the count :meth:`TrainingEngine.plan_step` set, the same on every rank) followed by one
+:meth:`TrainingEngine.step`. A non-finite loss or gradient on any rank skips the optimizer
 update on all ranks (weights, optimizer moments and LR schedule untouched) and is reported in
 :class:`StepResult`.
 """
@@ -72,6 +74,7 @@ class TrainingEngine:
     # and generate() defaults to synced_gpus, so ranks that finish sampling early keep joining the gathers.
     _keepalive: list[Any] = field(default_factory=list, repr=False)
     _micro_steps: int = 0
+    _step_micro_batches: int | None = None  # token-budget runs: this step's backward calls (plan_step)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -100,32 +103,47 @@ class TrainingEngine:
         """Optimizer steps taken so far, skipped ones included."""
         return int(self.deepspeed.global_steps)
 
+    def plan_step(self, micro_batches: int) -> None:
+        """Token-budget runs (``train.micro_batch_tokens``): the next optimizer step takes ``micro_batches``
+        backward calls, 1 to ``gradient_accumulation_steps`` and the same on every rank; DeepSpeed's
+        accumulation boundary is then set explicitly at the last one."""
+        if not 1 <= micro_batches <= self.gradient_accumulation_steps:
+            raise ValueError(
+                f"{micro_batches} micro-batches: one step takes 1 to {self.gradient_accumulation_steps}"
+            )
+        self._step_micro_batches = micro_batches
+
+    @property
+    def _micro_batches(self) -> int:
+        return self._step_micro_batches or self.gradient_accumulation_steps
+
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate one micro-batch's gradient; ``loss`` is its share of the rank's batch loss.
 
         A non-finite loss is back-propagated as NaN so that the step's overflow check sees it on every stage.
         """
-        if self._micro_steps >= self.gradient_accumulation_steps:
-            raise RuntimeError(
-                f"backward() called more than gradient_accumulation_steps="
-                f"{self.gradient_accumulation_steps} times before step()"
-            )
+        count = self._micro_batches
+        if self._micro_steps >= count:
+            limit = "gradient_accumulation_steps" if self._step_micro_batches is None else "plan_step's count"
+            raise RuntimeError(f"backward() called more than {limit}={count} times before step()")
         if not bool(torch.isfinite(loss.detach()).all()):
             loss = loss * float("nan")
+        if self._step_micro_batches is not None:
+            self.deepspeed.set_gradient_accumulation_boundary(self._micro_steps + 1 == count)
         with collective(_GRADIENT_ALL_REDUCE, self.config.train.dist_timeout_s):
             self.deepspeed.backward(loss, scale_wrt_gas=False)
             self._micro_steps += 1
-            if self._micro_steps < self.gradient_accumulation_steps:
+            if self._micro_steps < count:
                 self.deepspeed.step()  # not a boundary: DeepSpeed only advances its micro-step counter
 
     def step(self) -> StepResult:
         """Apply the accumulated gradient (clipped to ``optim.max_grad_norm``), or skip it if non-finite."""
-        if self._micro_steps != self.gradient_accumulation_steps:
+        if self._micro_steps != self._micro_batches:
             raise RuntimeError(
                 f"step() after {self._micro_steps} backward() calls; one optimizer step takes "
-                f"exactly {self.gradient_accumulation_steps} micro-batches"
+                f"exactly {self._micro_batches} micro-batches"
             )
-        self._micro_steps = 0
+        self._micro_steps, self._step_micro_batches = 0, None
         learning_rate = self.learning_rate
         optimizer = self.deepspeed.optimizer
         manual = (

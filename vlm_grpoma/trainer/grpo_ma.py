@@ -31,6 +31,7 @@ from vlm_grpoma.trainer.dynamic_sampling import ScoredBatch, refill
 from vlm_grpoma.trainer.evaluation import EvalSet, evaluate_sets, greedy_params, load_eval_sets
 from vlm_grpoma.trainer.logging import reduce_metrics
 from vlm_grpoma.trainer.logprobs import PathLogProbs, ScoringOptions, path_log_probs
+from vlm_grpoma.trainer.micro_batches import micro_batches, row_tokens
 from vlm_grpoma.trainer.packed import shared_prefix_log_probs
 from vlm_grpoma.trainer.samples import completion_samples
 from vlm_grpoma.trainer.scoring import score_tree
@@ -164,8 +165,7 @@ class GRPOMATrainer(Trainer):
         """μ policy epochs over the micro-batches, one optimizer step each; returns the update's metrics and the
         last epoch's gradient norm (GSS scores one norm per training step)."""
         algo, engine = self.config.algorithm, self.engine
-        size = self.config.train.micro_batch_prompts
-        chunks = [list(range(i, min(i + size, tree.shape[0]))) for i in range(0, tree.shape[0], size)]
+        chunks = micro_batches(*row_tokens(tree, self.config.train.logprob_pass), self.config.train)
         scoring, fixed = self._scoring(entropy=True), self._scoring(entropy=False)
         old = ref = None
         if algo.policy_epochs > 1:  # the sampling policy, fixed for every epoch
@@ -185,6 +185,8 @@ class GRPOMATrainer(Trainer):
             "entropy_coef": algo.entropy_coef,
         }
         for epoch in range(algo.policy_epochs):
+            if self.config.train.micro_batch_tokens:
+                engine.plan_step(len(chunks))
             for index, chunk in enumerate(chunks):
                 logp = self._log_probs(engine.deepspeed, tree, chunk, scoring)
                 if epoch == 0:  # the policy that sampled the tree: its log-probs should match the rollout's

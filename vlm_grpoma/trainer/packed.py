@@ -11,8 +11,11 @@ naive pass see. Each kept column's log-sum-exp is computed once, and a column ma
 (the last prompt token predicts every thought's first token, a thought's last token every answer's first).
 
 Why a packed row rather than a prompt KV cache expanded with grad (exact too, but wrong under gradient
-checkpointing and heavier in memory): ``docs/architecture.md``, Decisions. Eager and SDPA take the 4-D mask;
-FlashAttention does not, and is refused.
+checkpointing and heavier in memory): ``docs/architecture.md``, Decisions. The row's segment table (which
+thought and answer each column belongs to) gives the mask in two forms from one visibility rule: a dense 4-D
+``[L, L]`` additive mask for SDPA and eager attention (L^2 memory per row), or a FlexAttention ``BlockMask``
+(``model.attn_implementation: flex_attention``, ``models/attention.py``) built stripe by stripe in
+O(L * 128) memory and holding only O((L / 128)^2) block indices. FlashAttention takes neither and is refused.
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ from dataclasses import dataclass
 
 import torch
 
+from vlm_grpoma.models.attention import BLOCK_MASK_ATTENTION, FLEX_ATTENTION
 from vlm_grpoma.models.base import SpecialTokens, collate, rope_index_owner
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.trainer.logprobs import RAW_SCORING, PathLogProbs, ScoringOptions, tempered, token_entropy
 
 #: Attention implementations that accept an arbitrary 4-D additive mask.
 MASKABLE_ATTENTION = ("sdpa", "eager")
+#: FlexAttention's block size (query and key): the granularity of the BlockMask's sparsity.
+FLEX_BLOCK = 128
 
 
 @dataclass
@@ -36,7 +42,9 @@ class PackedBatch:
 
     input_ids: torch.Tensor  # [b, L]
     position_ids: torch.Tensor  # [3, b, L]
-    allowed: torch.Tensor  # [b, L, L] bool: query i may attend key j
+    valid: torch.Tensor  # [b, L] bool: a real token (not padding)
+    thought_of: torch.Tensor  # [b, L] thought index k of a thought or answer column, -1 in the prompt
+    answer_of: torch.Tensor  # [b, L] answer index m of an answer column, -1 elsewhere
     mm_token_type_ids: torch.Tensor  # [b, L]
     pixel_values: torch.Tensor
     image_grid_thw: torch.Tensor
@@ -109,25 +117,106 @@ def pack(
         thought_of[row, width:end] = torch.tensor(t_of, dtype=torch.long)
         answer_of[row, width:end] = torch.tensor(a_of, dtype=torch.long)
 
-    # key j visible to query i: causal, real, and in the prompt or in i's own thought or i's own answer
-    same_branch = (thought_of[:, None, :] == thought_of[:, :, None]) & (
-        (answer_of[:, None, :] == -1) | (answer_of[:, None, :] == answer_of[:, :, None])
-    )
-    causal = torch.ones(total, total, dtype=torch.bool).tril()
-    allowed = causal & valid[:, None, :] & ((thought_of[:, None, :] == -1) | same_branch)
-    allowed |= torch.eye(total, dtype=torch.bool)  # padding queries see themselves (no empty softmax rows)
     mm_types = torch.zeros((n, total), dtype=torch.long)
     mm_types[:, :width] = head["mm_token_type_ids"]
     return PackedBatch(
         input_ids,
         position_ids,
-        allowed,
+        valid,
+        thought_of,
+        answer_of,
         mm_types,
         head["pixel_values"],
         head["image_grid_thw"],
         width - 1,
         torch.stack(thought_source),
         torch.stack(answer_source),
+    )
+
+
+def _visible(
+    valid: torch.Tensor,
+    thought_of: torch.Tensor,
+    answer_of: torch.Tensor,
+    b: torch.Tensor,
+    q: torch.Tensor,
+    kv: torch.Tensor,
+) -> torch.Tensor:
+    """May query ``q`` of row ``b`` attend key ``kv``: causal, real, and in the prompt, in q's own thought or
+    q's own answer; padding queries see themselves (no empty softmax rows). Broadcasts, and is FlexAttention's
+    mask_mod as it stands."""
+    t_q, t_kv, a_q, a_kv = thought_of[b, q], thought_of[b, kv], answer_of[b, q], answer_of[b, kv]
+    branch = (t_kv == -1) | ((t_kv == t_q) & ((a_kv == -1) | (a_kv == a_q)))
+    return ((q >= kv) & valid[b, kv] & branch) | (q == kv)
+
+
+def allowed(packed: PackedBatch, queries: slice = slice(None)) -> torch.Tensor:
+    """``[b, q, L]`` bool: which keys each query (of the ``queries`` columns) may attend — the dense mask."""
+    n, total = packed.input_ids.shape
+    q = torch.arange(total)[queries]
+    return _visible(
+        packed.valid,
+        packed.thought_of,
+        packed.answer_of,
+        torch.arange(n)[:, None, None],
+        q[None, :, None],
+        torch.arange(total)[None, None, :],
+    )
+
+
+def dense_mask(packed: PackedBatch, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The additive ``[b, 1, L, L]`` mask SDPA and eager attention take (0 where visible, dtype min else)."""
+    hidden = ~allowed(packed).to(device)
+    return torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(hidden, torch.finfo(dtype).min)[
+        :, None
+    ]
+
+
+def block_mask(packed: PackedBatch, device: torch.device, block: int = FLEX_BLOCK):
+    """The FlexAttention ``BlockMask`` of the packed rows, built one stripe of ``block`` queries at a time.
+
+    Each (query block, key block) pair is empty, full (every pair visible: no mask_mod call) or partial (the
+    mask_mod decides per element); the segment tables are padded to whole blocks so the mask_mod never
+    indexes past a row.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    n, total = packed.input_ids.shape
+    blocks = -(-total // block)
+    pad = blocks * block - total
+    valid = torch.nn.functional.pad(packed.valid, (0, pad), value=False)
+    thought_of = torch.nn.functional.pad(packed.thought_of, (0, pad), value=-1)
+    answer_of = torch.nn.functional.pad(packed.answer_of, (0, pad), value=-1)
+    in_range = torch.arange(blocks * block) < total
+    partial = torch.zeros((n, blocks, blocks), dtype=torch.bool)
+    full = torch.zeros((n, blocks, blocks), dtype=torch.bool)
+    keys = torch.arange(blocks * block)[None, None, :]
+    for i in range(blocks):
+        q = torch.arange(i * block, (i + 1) * block)[None, :, None]
+        stripe = _visible(valid, thought_of, answer_of, torch.arange(n)[:, None, None], q, keys)
+        stripe &= in_range[q] & in_range[keys]  # [n, block, blocks * block]
+        stripe = stripe.view(n, block, blocks, block)
+        some, every = stripe.any(dim=(1, 3)), stripe.all(dim=(1, 3))
+        partial[:, i], full[:, i] = some & ~every, every
+
+    def indices(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(count [n, 1, blocks], key-block indices [n, 1, blocks, blocks] with the chosen ones first)."""
+        order = torch.argsort((~chosen).to(torch.int8), dim=-1, stable=True)
+        return chosen.sum(-1, dtype=torch.int32)[:, None], order.to(torch.int32)[:, None]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return _visible(valid_d, thought_d, answer_d, b, q_idx, kv_idx)
+
+    valid_d, thought_d, answer_d = valid.to(device), thought_of.to(device), answer_of.to(device)
+    (count, index), (full_count, full_index) = indices(partial), indices(full)
+    return BlockMask.from_kv_blocks(
+        count.to(device),
+        index.to(device),
+        full_count.to(device),
+        full_index.to(device),
+        BLOCK_SIZE=block,
+        mask_mod=mask_mod,
+        seq_lengths=(total, total),
     )
 
 
@@ -141,17 +230,24 @@ def shared_prefix_log_probs(
     """Log-probs (with grad if enabled) of the thoughts and answers of ``prompt_indices``, one packed forward."""
     module = getattr(model, "module", model)  # a DeepSpeed engine's .config is its own JSON, not the model's
     attn = getattr(module.config, "_attn_implementation", "sdpa")
-    if attn not in MASKABLE_ATTENTION:
+    if attn not in (*MASKABLE_ATTENTION, BLOCK_MASK_ATTENTION):
         raise ValueError(
-            f"shared-prefix log-probs need a 4-D attention mask; attn_implementation {attn!r} does "
-            f"not take one (use one of {', '.join(MASKABLE_ATTENTION)}, or the naive pass)"
+            f"shared-prefix log-probs need a 4-D attention mask or a FlexAttention block mask; "
+            f"attn_implementation {attn!r} takes neither (use one of {', '.join(MASKABLE_ATTENTION)}, "
+            f"{FLEX_ATTENTION}, or the naive pass)"
         )
     parameter = next(model.parameters())
     dev, dtype = parameter.device, parameter.dtype
     packed = pack(model, tree, prompt_indices, tokens)
-    mask = torch.zeros(packed.allowed.shape, dtype=dtype, device=dev).masked_fill_(
-        ~packed.allowed.to(dev), torch.finfo(dtype).min
-    )[:, None]
+    if attn == BLOCK_MASK_ATTENTION:
+        if dev.type == "cpu" and torch.is_grad_enabled():
+            raise ValueError(
+                f"model.attn_implementation: {FLEX_ATTENTION} has no backward on CPU in torch "
+                f"{torch.__version__} (forward only, e.g. reference log-probs); train on CPU with sdpa"
+            )
+        mask = block_mask(packed, dev)
+    else:
+        mask = dense_mask(packed, dtype, dev)
     keep = packed.input_ids.shape[1] - packed.first_target_column
     logits = model(
         input_ids=packed.input_ids.to(dev),

@@ -28,6 +28,7 @@ from vlm_grpoma.datasets.schema import MaskRef, Record
 from vlm_grpoma.trainer.base import Trainer
 from vlm_grpoma.trainer.logging import reduce_metrics
 from vlm_grpoma.trainer.logprobs import completion_log_probs
+from vlm_grpoma.trainer.micro_batches import micro_batches
 
 
 def reference_answer(record: Record) -> Answer:
@@ -93,10 +94,12 @@ class SFTTrainer(Trainer):
             for r in records
         ]
         total_tokens = sum(len(t) for t in targets)
-        size = self.config.train.micro_batch_prompts
+        lengths = [len(p.input_ids) + len(t) for p, t in zip(prompts, targets)]
+        chunks = micro_batches(lengths, 1, self.config.train)
+        if self.config.train.micro_batch_tokens:
+            self.engine.plan_step(len(chunks))
         loss_sum = 0.0
-        for first in range(0, len(records), size):
-            rows = list(range(first, min(first + size, len(records))))
+        for rows in chunks:
             logp, _ = completion_log_probs(
                 self.engine.deepspeed, prompts, rows, [targets[i] for i in rows], self.adapter.tokens
             )
