@@ -161,12 +161,26 @@ class GRPOMATrainer(Trainer):
         )
         return SegmentTargets(thought_adv, answer_adv, thought_weights, answer_weights, thought_mask)
 
+    def _loss_options(self) -> dict[str, float | str]:
+        """The clipped objective's settings, as :func:`~vlm_grpoma.algorithm.loss.policy_loss` takes them."""
+        algo = self.config.algorithm
+        return {
+            "clip_eps_low": algo.clip_eps_low,
+            "clip_eps_high": algo.clip_eps_high,
+            "kl_beta": algo.kl_beta,
+            "kl_estimator": algo.kl_estimator,
+            "importance_sampling_level": algo.importance_sampling_level,
+            "entropy_coef": algo.entropy_coef,
+        }
+
     def _update(self, tree: RolloutTree, targets: SegmentTargets) -> tuple[dict[str, float], float]:
         """μ policy epochs over the micro-batches, one optimizer step each; returns the update's metrics and the
         last epoch's gradient norm (GSS scores one norm per training step)."""
         algo, engine = self.config.algorithm, self.engine
         chunks = micro_batches(*row_tokens(tree, self.config.train.logprob_pass), self.config.train)
         scoring, fixed = self._scoring(entropy=True), self._scoring(entropy=False)
+        # entropy enters the loss only through the bonus or the mask; otherwise it is logged from epoch 0 alone
+        entropy_trains = algo.entropy_coef > 0 or algo.top_entropy_fraction < 1
         old = ref = None
         if algo.policy_epochs > 1:  # the sampling policy, fixed for every epoch
             with torch.no_grad():
@@ -176,19 +190,13 @@ class GRPOMATrainer(Trainer):
                 ref = [self._log_probs(reference, tree, chunk, fixed) for chunk in chunks]
         losses, steps, pairs, segment_stats = LossStats(), [], [], SegmentStats()
         correction = algo.rollout_correction.resolved_mode(self.config.rollout.backend)
-        loss_options = {
-            "clip_eps_low": algo.clip_eps_low,
-            "clip_eps_high": algo.clip_eps_high,
-            "kl_beta": algo.kl_beta,
-            "kl_estimator": algo.kl_estimator,
-            "importance_sampling_level": algo.importance_sampling_level,
-            "entropy_coef": algo.entropy_coef,
-        }
         for epoch in range(algo.policy_epochs):
             if self.config.train.micro_batch_tokens:
                 engine.plan_step(len(chunks))
             for index, chunk in enumerate(chunks):
-                logp = self._log_probs(engine.deepspeed, tree, chunk, scoring)
+                logp = self._log_probs(
+                    engine.deepspeed, tree, chunk, scoring if epoch == 0 or entropy_trains else fixed
+                )
                 if epoch == 0:  # the policy that sampled the tree: its log-probs should match the rollout's
                     pairs.append((logp.thought, tree.thought_logprobs[chunk], tree.thought_mask[chunk]))
                     pairs.append((logp.answer, tree.answer_logprobs[chunk], tree.answer_mask[chunk]))
@@ -203,7 +211,7 @@ class GRPOMATrainer(Trainer):
                     correction,
                     segment_stats if epoch == 0 else None,
                 )
-                outputs = [policy_loss(part, **loss_options) for part in segments]
+                outputs = [policy_loss(part, **self._loss_options()) for part in segments]
                 engine.backward(outputs[0].loss + outputs[1].loss)
                 for output in outputs:
                     losses.add(output)
