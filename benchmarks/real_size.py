@@ -172,7 +172,7 @@ def measure(args: argparse.Namespace) -> dict:
             with memory.phase(step, "rollout"):
                 tree = trainer._rollout(records)
             with memory.phase(step, "reward"):
-                _, rewards, _ = score_tree(tree, records, trainer.adapter, trainer.rewards)
+                rewards = score_tree(tree, records, trainer.adapter, trainer.rewards).rewards
             with memory.phase(step, "update (log-probs, backward, optimizer)"):
                 update, grad_norm = trainer._update(tree, trainer._targets(tree, rewards))
             trainer.step += 1

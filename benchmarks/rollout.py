@@ -19,13 +19,13 @@ import torch
 from PIL import Image
 
 from vlm_grpoma.answers import Box, Boxes
-from vlm_grpoma.config import ModelConfig
+from vlm_grpoma.config import ModelConfig, RolloutConfig
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.models.base import collate
 from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.models.tiny import build_tiny_model
-from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.hf import HFRolloutEngine
+from vlm_grpoma.sampling import SamplingParams
 
 CONFIGS = ((4, 1), (4, 4), (8, 2), (16, 1))
 
@@ -101,13 +101,15 @@ def bench_preset(preset: str, arch: str, args: argparse.Namespace, workdir: Path
     }
     jobs = {}
     for k, m in CONFIGS:
-        params = SamplingParams(
-            num_thoughts=k,
-            answers_per_thought=m,
-            max_thought_tokens=args.thought,
-            max_answer_tokens=args.answer,
-            ignore_stop=True,
+        params = SamplingParams.from_config(
+            RolloutConfig(
+                num_thoughts=k,
+                answers_per_thought=m,
+                max_thought_tokens=args.thought,
+                max_answer_tokens=args.answer,
+            ),
             seed=0,
+            ignore_stop=True,
         )
         jobs[f"T{k}A{m}"] = (engines[True], params)
         if m > 1:

@@ -28,9 +28,9 @@ from vlm_grpoma.config import Config, ModelConfig, RolloutConfig
 from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.models.tiny import build_tiny_model
 from vlm_grpoma.rollout.backends import build_rollout_engine
-from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.hf import HFRolloutEngine
 from vlm_grpoma.rollout.vllm import VLLMOptions
+from vlm_grpoma.sampling import SamplingParams
 
 CONFIGS = {"T4A1": (4, 1), "T4A4": (4, 4), "T16A1": (16, 1)}
 
@@ -48,7 +48,7 @@ def engines(preset: str, args: argparse.Namespace, workdir: Path) -> tuple[dict,
         dtype=args.dtype,
         enforce_eager=device == "cpu",  # CPU: torch.compile of the engine costs minutes on few cores
         max_model_len=2048,
-        kv_cache_gib=args.kv_cache_gib if device == "cpu" else None,
+        kv_cache_gib=args.kv_cache_gib if device == "cpu" else 0.0,
     )
     config = Config(model=model_cfg, rollout=RolloutConfig(backend="vllm"))
     vllm = build_rollout_engine(config, loaded.model, loaded.adapter, vllm_options=options)
@@ -68,13 +68,15 @@ def measure(built: dict, prompts: list, args: argparse.Namespace, preset: str) -
     jobs = {}
     for ratio in args.ratios:
         for name, (k, m) in CONFIGS.items():
-            params = SamplingParams(
-                num_thoughts=k,
-                answers_per_thought=m,
-                max_thought_tokens=ratio * args.answer,
-                max_answer_tokens=args.answer,
-                ignore_stop=True,
+            params = SamplingParams.from_config(
+                RolloutConfig(
+                    num_thoughts=k,
+                    answers_per_thought=m,
+                    max_thought_tokens=ratio * args.answer,
+                    max_answer_tokens=args.answer,
+                ),
                 seed=0,
+                ignore_stop=True,
             )
             for (backend, reuse), engine in built.items():
                 jobs[(backend, ratio, name, reuse)] = (engine, params)

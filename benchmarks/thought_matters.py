@@ -22,10 +22,11 @@ from vlm_grpoma.config import load_config
 from vlm_grpoma.datasets.jsonl import read_records
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.datasets.synthetic.relational import Choice, SceneObject, thought_text
-from vlm_grpoma.eval.grounding import generate_predictions, sampling_params
+from vlm_grpoma.eval.grounding import generate_predictions
 from vlm_grpoma.models.base import collate
 from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.rewards import Completion, build_reward
+from vlm_grpoma.sampling import SamplingParams
 
 ANSWER_TOKENS = 32
 
@@ -90,7 +91,9 @@ def thought_matters(checkpoint: str, records_path: str, config_path: str | None)
         answers = answers_after(model, adapter, records, thoughts)
         tagged = [adapter.thought.thought(t) for t in thoughts]
         result[f"iou_after_{name}_thought"] = mean_iou(adapter, records, tagged, answers)
-    own = generate_predictions(model, adapter, records, sampling_params(config.rollout, True, 1, config.seed))
+    own = generate_predictions(
+        model, adapter, records, SamplingParams.from_config(config.rollout, config.seed, greedy=True)
+    )
     result["iou_after_own_thought"] = mean_iou(
         adapter, records, [p.thought_text for p in own], [p.answer_text for p in own]
     )

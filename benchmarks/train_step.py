@@ -50,10 +50,9 @@ from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 from vlm_grpoma.models.base import PromptInputs, SpecialTokens
 from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.models.tiny import build_tiny_model
-from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.hf import HFRolloutEngine
 from vlm_grpoma.rollout.tree import RolloutTree
-from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer, sampling_seed
+from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
 from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
 from vlm_grpoma.trainer.packed import shared_prefix_log_probs
 
@@ -281,14 +280,9 @@ class FixedLengthTrainer(GRPOMATrainer):
     """The real trainer, but every thought and answer is sampled to its full budget (``ignore_stop``), so the
     configurations and passes compared do known, equal-per-token work."""
 
-    def _rollout(self, records: Sequence[Record]) -> RolloutTree:
+    def _rollout(self, records: Sequence[Record], refill_round: int = 0) -> RolloutTree:
         prompts = self.adapter.build_inputs(records)
-        params = replace(
-            SamplingParams.from_config(
-                self.config.rollout, sampling_seed(self.config.seed, self.step, self.dist.rank)
-            ),
-            ignore_stop=True,
-        )
+        params = replace(self._sampling_params(refill_round), ignore_stop=True)
         with self.engine.generation() as module:
             return HFRolloutEngine.for_adapter(module, self.adapter).sample(prompts, params)
 
@@ -343,9 +337,8 @@ def bench_steps(
     alternating order), so both see the same rollouts' shapes and the same background load."""
     rows = []
     for k, m in configs:
-        out = Path(
-            tempfile.mkdtemp(prefix=f"run-{preset}-T{k}A{m}-", dir=workdir)
-        )  # fresh: nothing to resume
+        # fresh: nothing to resume
+        out = Path(tempfile.mkdtemp(prefix=f"run-{preset}-T{k}A{m}-", dir=workdir))
         config = trainer_config(model_dir, data, out, side, k, m, args)
         trainer = FixedLengthTrainer(config)
         samples: dict[str, list[dict[str, float]]] = {p: [] for p in PASSES}

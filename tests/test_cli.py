@@ -14,6 +14,7 @@ EXPECTED_COMMANDS = {
     "train",
     "sft",
     "eval",
+    "export",
     "manip-eval",
     "make-data",
     "make-assets",
@@ -107,9 +108,8 @@ def test_env_json_without_probes(capsys):
     assert set(vllm["departures"]) == {"cuda", "cpu"} and vllm["status"]
     from vlm_grpoma.rollout.vllm import installed_vllm
 
-    build = (
-        installed_vllm()
-    )  # the build is named, and the environment meets its own known-good stack or says how not
+    # the build is named, and the environment meets its own known-good stack or says how not
+    build = installed_vllm()
     assert vllm["build"] == (build.device if build else None)
     if build is None:
         assert (

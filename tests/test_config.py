@@ -22,6 +22,7 @@ from vlm_grpoma.config import (
     Config,
     ConfigError,
     NonEmpty,
+    PromptTemplates,
     _doc_lines,
     check_fields,
     config_reference,
@@ -91,6 +92,24 @@ BAD = [
     ("rollout: {answers_per_thought: 0}", r"^rollout\.answers_per_thought: must be >= 1, got 0$"),
     ("rollout: {top_p: 1.5}", r"^rollout\.top_p: must be in \(0, 1\], got 1\.5$"),
     ("rollout: 4", r"^rollout: expected a mapping of settings, got int 4$"),
+    ("rollout: {adaptive_answers: {first: 1}}", r"^rollout\.adaptive_answers\.first: must be >= 2, got 1$"),
+    (
+        "rollout: {adaptive_answers: {enabled: true, budget: 40}}",
+        r"^rollout\.adaptive_answers\.budget: 40 answers cannot be split over rollout\.num_thoughts = 4 "
+        r"thoughts with 2\.\.8 each",
+    ),
+    (
+        "rollout: {adaptive_answers: {enabled: true, first: 3, budget: 10}}",
+        r"^rollout\.adaptive_answers\.budget: 10 answers cannot be split .* with 3\.\.8 each",
+    ),
+    (
+        "rollout: {adaptive_answers: {enabled: true, min_per_thought: 5, max_per_thought: 4}}",
+        r"^rollout\.adaptive_answers\.max_per_thought: \(4\) must be >= first \(2\) and >= min_per_thought",
+    ),
+    (
+        "rollout: {temperature: 0, adaptive_answers: {enabled: true}}",
+        r"^rollout\.adaptive_answers\.enabled: needs sampled answers \(rollout\.temperature > 0\)",
+    ),
     (
         "algorithm: {advantage_scale: mad}",
         r"^algorithm\.advantage_scale: must be one of 'std', 'none', got 'mad'$",
@@ -317,6 +336,11 @@ def _set(key: str, value: Any) -> Config:
 @pytest.mark.parametrize("key,tp,rule", _rules(), ids=[r[0] for r in _rules()])
 def test_each_single_field_rule_holds_at_its_bounds(key, tp, rule):
     """Each bound admits its edge and refuses just past it, with a line naming the key (check_fields)."""
+    if isinstance(rule, PromptTemplates):
+        check_fields(_set(key, {"detection": "Locate {prompt} ({width}x{height})."}))
+        with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: detect: is not a task"):
+            check_fields(_set(key, {"detect": "{prompt}"}))
+        return
     if isinstance(rule, NonEmpty):
         check_fields(_set(key, "x" if tp is str else {"x": 1.0}))
         with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: {re.escape(rule.message)}$"):
@@ -345,15 +369,8 @@ def test_each_single_field_rule_holds_at_its_bounds(key, tp, rule):
 
 
 SECTIONS = "|".join(f.name for f in dataclasses.fields(Config))
-SAMPLING_CHECKS = {  # stay in validate() until the sampling-parameter constructor checks them
-    "rollout.num_thoughts",
-    "rollout.answers_per_thought",
-    "rollout.temperature",
-    "rollout.top_p",
-    "rollout.top_k",
-    "rollout.max_thought_tokens",
-    "rollout.max_answer_tokens",
-}
+#: K >= 2 is training's rule (eval samples K = 1), so it is validate()'s, not the sampling constructor's
+SAMPLING_CHECKS = {"rollout.num_thoughts"}
 
 
 def _literal_text(node: ast.expr) -> str:
@@ -367,13 +384,15 @@ def _literal_text(node: ast.expr) -> str:
 
 def test_validate_keeps_only_rules_between_fields_beside_the_sampling_checks():
     """Single-field ranges left validate() for the field metadata: each check left there names a second key
-    (or the world size) in its message, or is one of the rollout's sampling checks."""
+    (or the world size) in its message, or is one of the rollout's sampling checks; the other sampling checks
+    are the sampling parameters' own, which validate() builds."""
+    source = textwrap.dedent(inspect.getsource(validate))
     calls = [
         node
-        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(validate))))
+        for node in ast.walk(ast.parse(source))
         if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "_require"
     ]
-    assert len(calls) >= 10
+    assert len(calls) >= 8 and "SamplingParams.from_config(" in source
     for call in calls:
         key, message = _literal_text(call.args[1]), _literal_text(call.args[2])
         others = re.findall(rf"\b(?:{SECTIONS})\.[a-z_.]+", message.replace(key, ""))

@@ -125,7 +125,8 @@ def test_own_data_to_lora_checkpoint_evaluated_with_its_saved_config(
     run = tmp_path / "runs" / "grpo"
     grpo_model = run / "checkpoints" / "step-00000002" / "model"
     adapter_config = json.loads((grpo_model / "adapter_config.json").read_text())
-    assert adapter_config["base_model_name_or_path"] == str(sft_model)  # the SFT adapter, not the bare base
+    recorded = adapter_config["base_model_name_or_path"]  # relative to the adapter: the run may move
+    assert not recorded.startswith("/") and (grpo_model / recorded).resolve() == sft_model.resolve()
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(f"reward/{custom}_mean" in m for m in metrics)
@@ -142,7 +143,7 @@ def test_own_data_to_lora_checkpoint_evaluated_with_its_saved_config(
     out = capsys.readouterr().out
     assert f"config: {run.resolve() / 'config.yaml'} (the run's saved config)" in out
     assert f"(LoRA adapter on {tiny.resolve()}) on cpu" in out
-    report = json.loads((run / "eval-test" / "metrics.json").read_text())
+    report = json.loads((run / "eval-test-step-2" / "metrics.json").read_text())
     assert report["split"] == "test" and report["records"] == 4  # the held-out split, by default
     assert (tmp_path / report["checkpoint"]).resolve() == grpo_model.resolve()
 

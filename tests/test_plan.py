@@ -262,10 +262,10 @@ def test_plan_of_a_local_tiny_model_on_cpu(tiny_model_dir):
     assert report.memory.total < 0.5 * GIB
 
 
-def test_readme_and_help_state_the_plans_assumptions(capsys):
+def test_the_scaling_guide_and_help_state_the_plans_assumptions(capsys):
     from vlm_grpoma.planning.assumptions import ASSUMPTIONS
 
-    assert ASSUMPTIONS.strip() in (REPO / "README.md").read_text()
+    assert ASSUMPTIONS.strip() in (REPO / "docs" / "scaling.md").read_text()
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     assert "estimate_zero3_model_states_mem_needs" in capsys.readouterr().out
@@ -305,3 +305,27 @@ def test_flex_attention_plans_the_block_mask_and_token_budgets_the_micro_batch(t
     )
     plan = estimate(budget, model_stats(budget), Hardware(1, 1, 80))
     assert plan.training_pass["attention mask"] == 3 * 6 * row**2  # three packed rows fit the budget
+
+
+def test_adaptive_answers_are_planned_at_their_budget_not_at_answers_per_thought():
+    """With rollout.adaptive_answers on, a prompt trains on `budget` answers whatever answers_per_thought says:
+    budget 16 over K=4 plans as uniform K=4, M=4 (both passes); budget 8 as M=2 (packed row, KV cache)."""
+    base = [
+        "model.name_or_path=Qwen/Qwen2-VL-2B-Instruct",
+        "deepspeed.precision=bf16",
+        "rollout.num_thoughts=4",
+    ]
+    adaptive = ["rollout.adaptive_answers.enabled=true", "rollout.answers_per_thought=1"]
+
+    def plan(*overrides):
+        config = load_config(None, [*base, *overrides])
+        return estimate(config, model_stats(config), Hardware(1, 1, 80))
+
+    for logprob_pass in ("shared", "naive"):
+        uniform = plan("rollout.answers_per_thought=4", f"train.logprob_pass={logprob_pass}")
+        budget = plan(*adaptive, "rollout.adaptive_answers.budget=16", f"train.logprob_pass={logprob_pass}")
+        assert budget.shapes == uniform.shapes
+        assert budget.training_pass == uniform.training_pass and budget.rollout == uniform.rollout
+    small = plan(*adaptive, "rollout.adaptive_answers.budget=8", "rollout.adaptive_answers.max_per_thought=4")
+    two = plan("rollout.answers_per_thought=2")
+    assert small.shapes == two.shapes and small.rollout == two.rollout

@@ -19,7 +19,7 @@ from typing import Literal
 
 XY = tuple[float, float]
 Vec3 = tuple[float, float, float]
-AnswerKind = Literal["boxes", "points", "trajectory", "contact_action"]
+AnswerKind = Literal["boxes", "points", "trajectory", "contact_action", "text"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,13 @@ class ContactAction:
 
 
 @dataclass(frozen=True)
+class TextAnswer:
+    """A short free-text answer (task ``answer``): the ``<answer>`` body, or the last ``\\boxed{}`` in it."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class ParseError:
     """Why a text is not a valid answer; ``reason`` is a short key counted in the metrics."""
 
@@ -63,12 +70,13 @@ class ParseError:
     detail: str = ""
 
 
-Answer = Boxes | Points | Trajectory | ContactAction
+Answer = Boxes | Points | Trajectory | ContactAction | TextAnswer
 ANSWER_KINDS: dict[AnswerKind, type] = {
     "boxes": Boxes,
     "points": Points,
     "trajectory": Trajectory,
     "contact_action": ContactAction,
+    "text": TextAnswer,
 }
 
 
@@ -85,6 +93,8 @@ def map_xy(answer: Answer, fn: Callable[[float, float], XY]) -> Answer:
         return type(answer)(tuple(fn(x, y) for x, y in answer.points))
     if isinstance(answer, ContactAction):
         return replace(answer, point=fn(*answer.point))
+    if isinstance(answer, TextAnswer):
+        return answer
     raise TypeError(f"not an answer: {answer!r}")
 
 
@@ -299,11 +309,37 @@ def _parse_contact_action(value: object) -> ContactAction:
     )
 
 
+_BOXED = "\\boxed"
+
+
+def last_boxed_text(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` in ``text`` (nested braces kept); None without a closed one."""
+    start = text.rfind(_BOXED + "{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len(_BOXED)
+    for i in range(begin, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[begin + 1 : i].strip()
+    return None
+
+
+def _parse_text(body: str) -> TextAnswer:
+    boxed = last_boxed_text(body) if _BOXED in body else body
+    if boxed is None:
+        raise _Invalid("unclosed_boxed", body[:40])
+    if not boxed:
+        raise _Invalid("empty_answer")
+    return TextAnswer(boxed)
+
+
 _PARSERS: dict[str, Callable[[object], Answer]] = {
     "boxes": _parse_boxes,
     "points": _parse_points,
     "trajectory": _parse_trajectory,
     "contact_action": _parse_contact_action,
+    "text": _parse_text,
 }
 
 
@@ -315,6 +351,8 @@ def image_xy(answer: Answer) -> list[XY]:
         return list(answer.points)
     if isinstance(answer, ContactAction):
         return [answer.point]
+    if isinstance(answer, TextAnswer):
+        return []
     raise TypeError(f"not an answer: {answer!r}")
 
 
@@ -341,7 +379,10 @@ def parse_answer(
         return ParseError("not_text", type(text).__name__)
     if len(text) > MAX_TEXT_CHARS:
         return ParseError("too_long", f"{len(text)} > {MAX_TEXT_CHARS} characters")
-    body = extract_answer(text) if any(t in text for t in _STRUCTURE_TAGS) else _strip_fences(text)
+    if kind == "text" and _OPEN not in text and _BOXED in text:  # a bare \\boxed{} answers too
+        body = text
+    else:
+        body = extract_answer(text) if any(t in text for t in _STRUCTURE_TAGS) else _strip_fences(text)
     if isinstance(body, ParseError):
         return body
     if not body:
@@ -349,7 +390,7 @@ def parse_answer(
     if len(body) > MAX_ANSWER_CHARS:
         return ParseError("too_long", f"{len(body)} > {MAX_ANSWER_CHARS} characters")
     try:
-        value = json.loads(body, parse_constant=_reject_constant)
+        value = body if kind == "text" else json.loads(body, parse_constant=_reject_constant)
         answer = _PARSERS[kind](value)
         if bounds is not None:
             _check_bounds(answer, bounds)
@@ -388,6 +429,8 @@ def answer_to_json(answer: Answer) -> object:
             "up": _json_xy(answer.up),
             "forward": _json_xy(answer.forward),
         }
+    if isinstance(answer, TextAnswer):
+        return answer.text
     raise TypeError(f"not an answer: {answer!r}")
 
 
@@ -399,6 +442,8 @@ def format_answer(answer: Answer) -> str:
     degenerate (x1 == x2 or y1 == y2, which :func:`parse_answer` rejects) is widened to one unit towards the
     origin, or away from it at 0, so it stays inside a frame that contains the original box.
     """
+    if isinstance(answer, TextAnswer):
+        return answer.text.replace("<", "\\u003c")
     if isinstance(answer, Boxes):
         answer = Boxes(tuple(_one_unit_at_least(b) for b in answer.boxes))
     return json.dumps(answer_to_json(answer), ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")

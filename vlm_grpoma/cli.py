@@ -120,10 +120,34 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
         "--samples",
         type=int,
         default=1,
-        help="1 = greedy; N > 1 samples N completions per record at rollout.temperature",
+        help="1 = greedy; K > 1 samples K completions per record at rollout.temperature and reports "
+        "pass@k and best-of-K beside the mean",
     )
     p.add_argument(
         "--overlays", type=int, default=16, help="PNG overlays to draw (prediction vs ground truth)"
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="results folder: <out>/<split>/ per split and <out>/summary.json; default "
+        "<output_dir>/eval-<split>-step-N/ and <output_dir>/eval-summary-step-N.json",
+    )
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help=_checkpoint_help("the model to export"))
+    p.add_argument("--out", required=True, help="the new folder (must not exist, or be empty)")
+    p.add_argument(
+        "--merge-lora",
+        action="store_true",
+        help="merge a LoRA checkpoint (and the adapters below it) into full weights; without it only an "
+        "adapter on a hub model is exported as an adapter",
+    )
+    p.add_argument(
+        "--base",
+        default=None,
+        help="the full model a LoRA checkpoint rests on, when the base its adapter_config.json records is "
+        "not on this machine (a folder or hub id)",
     )
 
 
@@ -183,21 +207,47 @@ def _make_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", choices=TASKS, required=True, help="the task of the records to generate")
     p.add_argument(
         "--source",
-        choices=("shapes", "sapien"),
+        choices=("shapes", "sapien", "arithmetic"),
         required=True,
         help="shapes: coloured shapes on plain or noisy backgrounds; sapien: renders of the simulator's "
-        "articulated objects (needs Vulkan rendering)",
+        "articulated objects (needs Vulkan rendering); arithmetic: text-only multi-step arithmetic "
+        "(--task answer) with a stepwise reference thought",
     )
     p.add_argument("--n", type=int, required=True, help="number of records")
     p.add_argument("--out", required=True, help="output folder (records.jsonl + images/)")
     p.add_argument("--seed", type=int, default=0, help="generation seed (same seed, same dataset)")
-    p.add_argument("--split", default="train", help="the split name written into every record")
+    p.add_argument(
+        "--split",
+        default="train",
+        help="the split name written into every record (arithmetic: train, val or test, disjoint problems)",
+    )
     p.add_argument(
         "--difficulty",
-        choices=("easy", "normal", "relational"),
+        choices=("easy", "normal", "relational", "hard"),
         default="normal",
-        help="shapes only: easy = 112px, one or two shapes (the CPU demo's level); relational = 112px, 3-6 "
-        "shapes, a prompt that needs all of them and a reference thought that decides (detection)",
+        help="shapes: easy = 112px, one or two shapes (the CPU demo's level); relational = 112px, 3-6 "
+        "shapes, a prompt that needs all of them and a reference thought that decides (detection). "
+        "arithmetic: easy = 2 operations, operands <= 9; normal = 3, <= 9; hard = 5, <= 20 (values <= 99, "
+        "99, 999)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="arithmetic: the number of operations (overrides --difficulty)",
+    )
+    p.add_argument(
+        "--max-operand",
+        type=int,
+        default=None,
+        help="arithmetic: the largest operand and start value (overrides --difficulty)",
+    )
+    p.add_argument(
+        "--max-value",
+        type=int,
+        default=None,
+        help="arithmetic: the largest value any step may reach, >= 2 x the largest operand (overrides "
+        "--difficulty)",
     )
     _asset_args(p)
 
@@ -234,7 +284,7 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="NAME=COLUMN",
         help="parquet: the column holding a record field (repeat): prompt, image, boxes, points, trajectory, "
-        "label, id, split",
+        "label, id, split; gsm8k, math: prompt, solution, id, split (defaults: the format's own columns)",
     )
     p.add_argument(
         "--box-format",
@@ -354,6 +404,13 @@ COMMANDS: tuple[Command, ...] = (
         "grounding metrics and overlays for a checkpoint",
         "vlm_grpoma.eval.grounding:main",
         _eval_args,
+    ),
+    Command(
+        "export",
+        "a checkpoint as a self-contained Hugging Face folder (weights, processor, chat template, generation "
+        "config) for transformers and vLLM",
+        "vlm_grpoma.eval.export:main",
+        _export_args,
     ),
     Command(
         "manip-eval",

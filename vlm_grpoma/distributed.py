@@ -6,14 +6,22 @@ only need a port number, so nothing here imports torch or DeepSpeed until a func
 
 from __future__ import annotations
 
+import fcntl
+import functools
+import logging
 import os
 import socket
+import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,12 +45,31 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+#: A JIT build's ``lock`` that no process here holds, in an op folder unchanged for this many seconds, was left
+#: by a builder that died (killed mid-build): it is removed before DeepSpeed builds there.
+JIT_LOCK_STALE_S = 180.0
+#: About how long the first build of each op takes on 2 CPU cores (measured), for the notice before it.
+_BUILD_SECONDS = {"deepspeed_shm_comm": 35, "cpu_adam": 50, "fused_adam": 50}
+_GUARDED = "_vlm_grpoma_guarded"
+
+
+def jit_ops_tag() -> str:
+    """The ops folder's name for this torch and Python (``torch-2.14.1-py311``): environments with other
+    versions build into their own folder instead of rebuilding each other's ops on every switch."""
+    from importlib.metadata import version
+
+    return f"torch-{version('torch')}-py{sys.version_info.major}{sys.version_info.minor}"
+
+
 def torch_extensions_dir() -> str:
-    """Where DeepSpeed's JIT-built ops go: a user's ``TORCH_EXTENSIONS_DIR``, else the suite's cache (a shared
-    default lock under ``~/.cache/torch_extensions`` can stall a build until a timeout)."""
+    """Where DeepSpeed's JIT-built ops go: ``<root>/<torch-version tag>``, the root being a user's
+    ``TORCH_EXTENSIONS_DIR``, else the suite's cache (a shared default lock under ``~/.cache/torch_extensions``
+    can stall a build until a timeout). Already-tagged (a child of a prepared process) stays as it is."""
     from vlm_grpoma.cache import cache_dir
 
-    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(cache_dir() / "torch_extensions")
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cache_dir() / "torch_extensions")
+    tag = jit_ops_tag()
+    return str(root if root.name == tag else root / tag)
 
 
 def prepare_jit_builds() -> None:
@@ -61,8 +88,121 @@ def prepare_jit_builds() -> None:
         os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, path]) if path else ninja.BIN_DIR
 
 
+def _torch_waits_for_lock_file() -> bool:
+    """torch < 2.14.1 (``FileBaton``) waits for a build's lock file to disappear, however long; later torch
+    holds an OS lock that the kernel drops when its holder dies, so a leftover file stalls nothing."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    return "FileBaton" in vars(cpp_extension)
+
+
+def _held(lock: Path) -> bool:
+    """Whether a live process holds ``lock``: an OS lock on it (torch >= 2.14.1), or, as far as ``/proc``
+    shows, the file open (torch's ``FileBaton`` keeps it open while it builds)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    target = os.path.realpath(lock)
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(fd_link) == target for fd_link in fd_dir.iterdir()):
+                return True
+        except OSError:  # the process ended meanwhile, or is another user's
+            continue
+    return False
+
+
+def _last_change(folder: Path) -> float:
+    """The newest modification time in ``folder`` (a live build writes its objects and logs there)."""
+    times = [folder.stat().st_mtime]
+    for entry in folder.iterdir():
+        try:
+            times.append(entry.lstat().st_mtime)
+        except FileNotFoundError:
+            continue
+    return max(times)
+
+
+def release_stale_jit_lock(build_dir: Path, stale_s: float = JIT_LOCK_STALE_S, poll_s: float = 1.0) -> None:
+    """Before DeepSpeed builds an op in ``build_dir``: remove its ``lock`` with a warning naming the file when
+    no live process holds it and the folder has not changed for ``stale_s`` (a builder killed mid-build).
+
+    Only torch < 2.14.1 needs this (it waits for the file to disappear, forever); later torch holds an OS lock
+    and leaves the file after every build. A held lock is a live build: torch waits for it, as it should; a
+    young unheld one is waited out here (printing why) until it is stale or gone.
+    """
+    if not _torch_waits_for_lock_file():
+        return  # torch >= 2.14.1 leaves its lock file after every build, harmlessly
+    lock = build_dir / "lock"
+    said = False
+    while lock.exists() and not _held(lock):
+        quiet = time.time() - _last_change(build_dir)
+        if quiet >= stale_s:
+            lock.unlink(missing_ok=True)
+            log.warning(
+                "removed the stale JIT build lock %s: no live process holds it and %s has not changed for "
+                "%.0f s (a build killed midway); building again",
+                lock,
+                build_dir,
+                quiet,
+            )
+            return
+        if not said:
+            print(
+                f"{lock}: held by no live process; waiting up to {stale_s - quiet:.0f} s for it to go stale "
+                "before removing it",
+                file=sys.stderr,
+                flush=True,
+            )
+            said = True
+        time.sleep(min(poll_s, stale_s - quiet))
+
+
+def before_jit_build(op_name: str) -> None:
+    """What runs before DeepSpeed JIT-loads ``op_name``: a stale lock removed, and a one-line notice when the
+    op has not been built in this environment yet."""
+    build_dir = Path(torch_extensions_dir()) / op_name
+    if build_dir.is_dir():
+        release_stale_jit_lock(build_dir)
+    if not (build_dir / f"{op_name}.so").is_file() and os.environ.get("LOCAL_RANK", "0") == "0":
+        seconds = _BUILD_SECONDS.get(op_name, 60)
+        print(
+            f"building DeepSpeed's {op_name} op (first run in this environment, about {seconds} s on 2 CPU "
+            f"cores) in {build_dir}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _guard_jit_builds(deepspeed: Any) -> None:
+    """Route DeepSpeed's JIT op loading (``OpBuilder.jit_load``, used by every op it builds on first use)
+    through :func:`before_jit_build`, once per process."""
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    original = OpBuilder.jit_load
+    if getattr(original, _GUARDED, False):
+        return
+
+    @functools.wraps(original)
+    def jit_load(self: Any, verbose: bool = True) -> Any:
+        before_jit_build(self.name)
+        return original(self, verbose)
+
+    setattr(jit_load, _GUARDED, True)
+    OpBuilder.jit_load = jit_load
+
+
 def import_deepspeed() -> Any:
-    """Import DeepSpeed: CPU accelerator without CUDA, JIT builds prepared by :func:`prepare_jit_builds`."""
+    """Import DeepSpeed: CPU accelerator without CUDA, JIT builds prepared by :func:`prepare_jit_builds` and
+    guarded by :func:`before_jit_build`."""
     import torch
 
     if not torch.cuda.is_available():
@@ -70,6 +210,7 @@ def import_deepspeed() -> Any:
     prepare_jit_builds()
     import deepspeed
 
+    _guard_jit_builds(deepspeed)
     return deepspeed
 
 

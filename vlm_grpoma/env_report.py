@@ -121,7 +121,7 @@ def _deepspeed_ops() -> dict[str, object]:
 def _vllm_status(cuda: bool) -> dict[str, object]:
     """Which vLLM build is installed (CUDA or CPU, read from package metadata), whether the rollout backend can
     run with it here, and how this environment departs from each known-good stack."""
-    from vlm_grpoma.rollout.vllm import INSTALL_HINT, KNOWN_GOOD, installed_vllm, stack_problems
+    from vlm_grpoma.rollout.vllm.stack import INSTALL_HINT, KNOWN_GOOD, installed_vllm, stack_problems
 
     build = installed_vllm()
     if build is None:
@@ -189,9 +189,8 @@ def _print_human(report: dict[str, object]) -> None:
 
 
 def main(args) -> int:
-    with contextlib.redirect_stdout(
-        sys.stderr
-    ):  # library banners (DeepSpeed's accelerator line) stay off stdout
+    # library banners (DeepSpeed's accelerator line) stay off stdout
+    with contextlib.redirect_stdout(sys.stderr):
         report = collect(probe=not args.no_probe)
     if args.json:
         print(json.dumps(report, indent=2))

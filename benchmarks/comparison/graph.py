@@ -10,7 +10,7 @@ from pathlib import Path
 
 from comparison.jobs import Job
 from comparison.plan import Arm, ComparePlan, TaskSetup
-from vlm_grpoma.trainer.checkpoint import checkpoint_name, checkpoint_root
+from vlm_grpoma.run_layout import checkpoint_name, checkpoint_root
 
 MODEL_ARCH = "qwen2_5_vl"
 MODEL_PRESET = "small"
@@ -114,8 +114,7 @@ def arm_job(layout: Layout, plan: ComparePlan, task: TaskSetup, arm: Arm, seed: 
         f"model.name_or_path={layout.warm_start(task)}",
         f"data.train_path={layout.records(task, 'train')}",
         f"data.eval_sets={{{eval_sets}}}",
-        f"rollout.num_thoughts={arm.thoughts}",
-        f"rollout.answers_per_thought={arm.answers}",
+        *arm.overrides(),
         f"train.steps={task.steps}",
         *((f"train.time_budget_s={plan.time_budget_s:g}",) if plan.equal_time else ()),
         f"train.eval_every={plan.eval_every}",

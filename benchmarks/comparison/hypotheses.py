@@ -25,39 +25,56 @@ class Hypothesis:
     rule: str
 
 
-HYPOTHESES = (
-    Hypothesis(
-        "H1",
-        f"At this thought:answer length ratio a T4A4 step takes at most {STEP_TIME_TARGET}× the time of a "
-        "T16A1 step (both score 16 answers per prompt; T4A4 samples 4 thoughts instead of 16).",
-        "Ratio of the arms' mean seconds per step with a 95 % interval (delta method, Welch degrees of "
-        f"freedom): supported if the whole interval is ≤ {STEP_TIME_TARGET}, not supported if it is wholly "
-        "above, inconclusive otherwise.",
-    ),
-    Hypothesis(
-        "H2",
-        "At equal training time, T4A4 reaches at least the held-out IoU of T16A1.",
-        "Held-out IoU of each run's final evaluation (after the time budget), T4A4 − T16A1, Welch's t-test: "
-        "supported if higher at the 5 % level, not supported if lower, inconclusive otherwise.",
-    ),
-    Hypothesis(
-        "H3",
-        "The logged thought-advantage variance estimate falls with M as `benchmarks/variance.py` predicts: "
-        "in its large-K limit σ²/(M·τ² + σ²), so going from M = 2 (T8A2) to M = 4 (T4A4) turns an estimate v "
-        "into v / (2 − v).",
-        "Run means of `variance/thought_adv_estimate`: supported if T4A4's is lower than T8A2's at the 5 % "
-        "level and the prediction from T8A2's mean lies in T4A4's 95 % interval; not supported if it is "
-        "higher at that level, or lower but the prediction lies outside the interval; inconclusive otherwise.",
-    ),
-    Hypothesis(
-        "H4",
-        "GRPO-MA has lower gradient spikes: the largest gradient spike score (GSS) of a T4A4 run is lower than "
-        "that of a T16A1 run.",
-        "Per run, the largest GSS over the steps every run of the task reached (equal steps, so a faster arm is "
-        "not judged on more steps), T4A4 − T16A1, Welch's t-test: supported if lower at the 5 % level, not "
-        "supported if higher, inconclusive otherwise.",
-    ),
-)
+def hypotheses(metric: str = "IoU") -> tuple[Hypothesis, ...]:
+    """H1–H5 with the task's held-out ``metric`` named (IoU in the paper's regime, accuracy on reasoning)."""
+    return (
+        Hypothesis(
+            "H1",
+            f"At this thought:answer length ratio a T4A4 step takes at most {STEP_TIME_TARGET}× the time of a "
+            "T16A1 step (both score 16 answers per prompt; T4A4 samples 4 thoughts instead of 16).",
+            "Ratio of the arms' mean seconds per step with a 95 % interval (delta method, Welch degrees of "
+            f"freedom): supported if the whole interval is ≤ {STEP_TIME_TARGET}, not supported if it is wholly "
+            "above, inconclusive otherwise.",
+        ),
+        Hypothesis(
+            "H2",
+            f"At equal training time, T4A4 reaches at least the held-out {metric} of T16A1.",
+            f"Held-out {metric} of each run's final evaluation (after the time budget), T4A4 − T16A1, Welch's "
+            "t-test: supported if higher at the 5 % level, not supported if lower, inconclusive otherwise; the "
+            "evidence states the smallest difference the seeds could detect (80 % power).",
+        ),
+        Hypothesis(
+            "H3",
+            "The logged thought-advantage variance estimate falls with M as `benchmarks/variance.py` predicts: "
+            "in its large-K limit σ²/(M·τ² + σ²), so going from M = 2 (T8A2) to M = 4 (T4A4) turns an estimate v "
+            "into v / (2 − v).",
+            "Run means of `variance/thought_adv_estimate`: supported if T4A4's is lower than T8A2's at the 5 % "
+            "level and the prediction from T8A2's mean lies in T4A4's 95 % interval; not supported if it is "
+            "higher at that level, or lower but the prediction lies outside the interval; inconclusive otherwise.",
+        ),
+        Hypothesis(
+            "H4",
+            "GRPO-MA has lower gradient spikes: the largest gradient spike score (GSS) of a T4A4 run is lower than "
+            "that of a T16A1 run.",
+            "Per run, the largest GSS over the steps every run of the task reached (equal steps, so a faster arm is "
+            "not judged on more steps), T4A4 − T16A1, Welch's t-test: supported if lower at the 5 % level, not "
+            "supported if higher, inconclusive otherwise.",
+        ),
+        Hypothesis(
+            "H5",
+            "At the same 16 answers per prompt, allocating them per thought by Neyman (T4A4-adaptive: 2 first, "
+            "the rest where the first rewards spread most, 2..8 per thought) lowers T4A4's thought-advantage "
+            "variance estimate without lowering its held-out score.",
+            "Run means of `variance/thought_adv_estimate` and the final held-out score, T4A4-adaptive − T4A4, "
+            "Welch's t-tests: supported if the variance is lower at the 5 % level and the held-out score is not "
+            "lower at that level; not supported if the variance is higher or the held-out score lower at that "
+            "level; inconclusive otherwise (or when T4A4-adaptive was not run).",
+        ),
+    )
+
+
+#: the paper-regime statement (the toy report lists it before that plan runs)
+HYPOTHESES = hypotheses()
 
 
 @dataclass(frozen=True)
@@ -104,10 +121,13 @@ def predicted_variance(estimate: float, answers_from: int, answers_to: int) -> f
     return 1 / (answers_to * rho + 1)
 
 
-def judge(arms: dict[str, ArmSummary], gss_equal_steps: dict[str, Stat], steps: int) -> list[Judgement]:
-    """H1–H4 from the arm summaries of the paper-regime task (``gss_equal_steps``: each arm's per-run largest GSS
-    over the first ``steps`` steps)."""
+def judge(
+    arms: dict[str, ArmSummary], gss_equal_steps: dict[str, Stat], steps: int, metric: str = "IoU"
+) -> list[Judgement]:
+    """H1–H5 from the arm summaries of an equal-time task (``gss_equal_steps``: each arm's per-run largest GSS
+    over the first ``steps`` steps; ``metric``: the held-out score's name)."""
     ma, grpo, m2 = arms["T4A4"], arms["T16A1"], arms.get("T8A2")
+    stated = hypotheses(metric)
     out = []
 
     ratio, low, high = step_time_ratio(ma, grpo)
@@ -117,7 +137,7 @@ def judge(arms: dict[str, ArmSummary], gss_equal_steps: dict[str, Stat], steps: 
     interval = f" (95 % interval {low:.2f}–{high:.2f})" if math.isfinite(low) else " (one seed: no interval)"
     out.append(
         Judgement(
-            HYPOTHESES[0],
+            stated[0],
             f"T4A4 {ma.step_seconds.text(2)} s/step, T16A1 {grpo.step_seconds.text(2)} s/step: ratio "
             f"{ratio:.2f}{interval}.",
             verdict if math.isfinite(low) else INCONCLUSIVE,
@@ -126,17 +146,23 @@ def judge(arms: dict[str, ArmSummary], gss_equal_steps: dict[str, Stat], steps: 
 
     sets = sorted(set(ma.held_out_end) & set(grpo.held_out_end))
     diff = difference(ma.held_out_end[sets[0]], grpo.held_out_end[sets[0]])
+    detectable = diff.detectable()
+    power = (
+        f" The seeds could detect a difference of {detectable:.3f} (80 % power, 5 % level)."
+        if math.isfinite(detectable)
+        else " Without a spread over seeds no difference can be judged."
+    )
     out.append(
         Judgement(
-            HYPOTHESES[1],
-            f"final held-out IoU T4A4 {ma.held_out_end[sets[0]].text()}, T16A1 "
-            f"{grpo.held_out_end[sets[0]].text()}; T4A4 − T16A1 {diff.text()}.",
+            stated[1],
+            f"final held-out {metric} T4A4 {ma.held_out_end[sets[0]].text()}, T16A1 "
+            f"{grpo.held_out_end[sets[0]].text()}; T4A4 − T16A1 {diff.text()}.{power}",
             _signed(diff, +1),
         )
     )
 
     if m2 is None or m2.thought_variance.n == 0 or ma.thought_variance.n == 0:
-        out.append(Judgement(HYPOTHESES[2], "T8A2 or T4A4 was not run.", INCONCLUSIVE))
+        out.append(Judgement(stated[2], "T8A2 or T4A4 was not run.", INCONCLUSIVE))
     else:
         predicted = predicted_variance(m2.thought_variance.mean, 2, 4)
         diff = difference(ma.thought_variance, m2.thought_variance)
@@ -147,7 +173,7 @@ def judge(arms: dict[str, ArmSummary], gss_equal_steps: dict[str, Stat], steps: 
             verdict = NOT_SUPPORTED
         out.append(
             Judgement(
-                HYPOTHESES[2],
+                stated[2],
                 f"T8A2 (M = 2) {m2.thought_variance.text()}, T4A4 (M = 4) {ma.thought_variance.text()} "
                 f"(95 % interval {low:.3f}–{high:.3f}); predicted for M = 4 from T8A2: {predicted:.3f} "
                 f"({'inside' if inside else 'outside'} the interval); T4A4 − T8A2 {diff.text()}.",
@@ -158,10 +184,35 @@ def judge(arms: dict[str, ArmSummary], gss_equal_steps: dict[str, Stat], steps: 
     diff = difference(gss_equal_steps["T4A4"], gss_equal_steps["T16A1"])
     out.append(
         Judgement(
-            HYPOTHESES[3],
+            stated[3],
             f"largest GSS over the first {steps} steps: T4A4 {gss_equal_steps['T4A4'].text(2)}, T16A1 "
             f"{gss_equal_steps['T16A1'].text(2)}; T4A4 − T16A1 {diff.text()}.",
             _signed(diff, -1),
         )
     )
+    out.append(adaptive_judgement(ma, arms.get("T4A4-adaptive")))
     return out
+
+
+def adaptive_judgement(ma: ArmSummary, adaptive: ArmSummary | None) -> Judgement:
+    """H5: T4A4-adaptive against T4A4 (the rule in :data:`HYPOTHESES`)."""
+    if adaptive is None or adaptive.thought_variance.n == 0 or ma.thought_variance.n == 0:
+        return Judgement(HYPOTHESES[4], "T4A4-adaptive was not run.", INCONCLUSIVE)
+    variance = difference(adaptive.thought_variance, ma.thought_variance)
+    sets = sorted(set(adaptive.held_out_end) & set(ma.held_out_end))
+    held = difference(adaptive.held_out_end[sets[0]], ma.held_out_end[sets[0]]) if sets else None
+    lower_variance = _signed(variance, -1)
+    held_verdict = INCONCLUSIVE if held is None else _signed(held, +1)
+    if lower_variance == NOT_SUPPORTED or held_verdict == NOT_SUPPORTED:
+        verdict = NOT_SUPPORTED
+    elif lower_variance == SUPPORTED and held is not None:
+        verdict = SUPPORTED
+    else:
+        verdict = INCONCLUSIVE
+    held_text = "no common held-out set" if held is None else f"held-out {sets[0]} − T4A4 {held.text()}"
+    return Judgement(
+        HYPOTHESES[4],
+        f"variance estimate T4A4-adaptive {adaptive.thought_variance.text()}, T4A4 {ma.thought_variance.text()}; "
+        f"T4A4-adaptive − T4A4 {variance.text()}; {held_text}.",
+        verdict,
+    )

@@ -1,4 +1,4 @@
-"""``python benchmarks/compare.py [--plan toy|paper-regime] [--quick]``: run every command of the comparison,
+"""``python benchmarks/compare.py [--plan toy|paper-regime|reasoning] [--quick]``: run every command of the comparison,
 then write the report."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from comparison.graph import Layout, build_jobs
 from comparison.jobs import REPO, JobFailed, run_jobs
 from comparison.plan import ComparePlan
-from comparison.report import usable_cores, write_results
+from comparison.report import report_names, usable_cores, write_results
 
 ROOT_MARKER = (
     ".compare-root"  # the folder was made by this script: its job folders may be cleared and rebuilt
@@ -23,15 +23,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--plan",
         default="toy",
-        help="toy (default: short thoughts, equal steps; writes docs/results.md) or paper-regime (long "
-        "thoughts that decide, equal time; writes docs/results-paper-regime.md)",
+        help="toy (default: short thoughts, equal steps; writes docs/results.md), paper-regime (long "
+        "thoughts that decide, equal time; writes docs/results-paper-regime.md) or reasoning (text-only "
+        "arithmetic, equal time; writes docs/results-reasoning.md)",
     )
     p.add_argument(
         "--quick", action="store_true", help="the few-minute version: 1 seed, short runs (a smoke test)"
     )
-    p.add_argument(
-        "--out", help="folder for data, models and runs (default runs/compare[-paper-regime][-quick])"
-    )
+    p.add_argument("--out", help="folder for data, models and runs (default runs/compare[-<plan>][-quick])")
     p.add_argument(
         "--docs",
         help="where the report and its images/ go (default: the checkout's docs/ for a whole plan, "
@@ -46,10 +45,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--tasks",
         nargs="+",
-        help="a subset of the plan's tasks (toy: detection, manipulation; paper-regime: relational)",
+        help="a subset of the plan's tasks (toy: detection, manipulation; paper-regime: relational; "
+        "reasoning: arithmetic)",
     )
     p.add_argument("--arms", nargs="+", help="a subset of arms, e.g. T4A1 T4A4")
     p.add_argument("--seeds", nargs="+", type=int, help="a subset of seeds")
+    p.add_argument(
+        "--steps", type=int, help="GRPO steps of every run (default: the plan's), the same for every arm"
+    )
+    p.add_argument(
+        "--page",
+        help="file name of the report under --docs (default results.md for the whole toy plan, "
+        "results-<plan>.md otherwise), e.g. results-adaptive.md so a subset does not overwrite a whole plan's",
+    )
     p.add_argument("--report-only", action="store_true", help="rewrite the report from finished runs")
     return p.parse_args(argv)
 
@@ -57,14 +65,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        plan = ComparePlan.named(args.plan, args.quick).select(args.tasks, args.arms, args.seeds)
+        plan = (
+            ComparePlan.named(args.plan, args.quick)
+            .select(args.tasks, args.arms, args.seeds)
+            .with_steps(args.steps)
+            .with_page(args.page)
+        )
+        report_names(plan, args.page)  # a bad --page fails now, not after the runs
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.workers < 1:
         print("error: --workers must be >= 1", file=sys.stderr)
         return 2
-    default_out = "runs/compare" + ("-paper-regime" if args.plan == "paper-regime" else "")
+    default_out = "runs/compare" + ("" if args.plan == "toy" else f"-{args.plan}")
     default_out += "-quick" if args.quick else ""
     layout = Layout(Path(args.out or default_out).resolve())
     root = layout.root
@@ -97,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         except JobFailed as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
-    whole = plan.name in ("full", "paper-regime")
+    whole = plan.name in ("full", "paper-regime", "reasoning")
     docs = Path(args.docs) if args.docs else REPO / "docs" if whole else layout.root
-    path = write_results(plan, layout, jobs, timings, docs)
+    path = write_results(plan, layout, jobs, timings, docs, args.page)
     print(f"[compare] wrote {path} in {(time.perf_counter() - start) / 60:.1f} min")
     return 0

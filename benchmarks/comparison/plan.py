@@ -1,8 +1,10 @@
 """What the GRPO-MA vs GRPO comparison runs: tasks, T{K}A{M} arms, seeds, sizes (full and ``--quick``).
 
-Two plans: ``toy`` (short thoughts that restate the answer; every arm trains the same number of steps) and
+Three plans: ``toy`` (short thoughts that restate the answer; every arm trains the same number of steps),
 ``paper-regime`` (relational shapes: a ~120-token thought that decides which of 3-6 shapes the ~25-token answer
-boxes; every arm trains for the same seconds of step time, held-out scores read against time and steps).
+boxes) and ``reasoning`` (text-only multi-step arithmetic: the thought computes the chain the ~4-token answer ends
+it with); the last two train every arm for the same seconds of step time, held-out scores read against time and
+steps.
 Every arm of a task starts from the same SFT warm start and sees the same data; arms differ only in K and M
 (and their seed, which sets the data order and the sampling).
 """
@@ -18,14 +20,31 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 @dataclass(frozen=True)
 class Arm:
-    """One sampling configuration: K thoughts per prompt, M answers per thought (T4A1 = GRPO with 4 samples)."""
+    """One sampling configuration: K thoughts per prompt, M answers per thought (T4A1 = GRPO with 4 samples);
+    ``adaptive`` (T4A4-adaptive): the same K·M answers per prompt, 2 per thought first, the rest allocated by
+    Neyman (``rollout.adaptive_answers``, 2..2M per thought)."""
 
     thoughts: int
     answers: int
+    adaptive: bool = False
 
     @property
     def name(self) -> str:
-        return f"T{self.thoughts}A{self.answers}"
+        return f"T{self.thoughts}A{self.answers}" + ("-adaptive" if self.adaptive else "")
+
+    def overrides(self) -> tuple[str, ...]:
+        """The run config's rollout keys for this arm."""
+        keys = (f"rollout.num_thoughts={self.thoughts}", f"rollout.answers_per_thought={self.answers}")
+        if not self.adaptive:
+            return keys
+        return (
+            *keys,
+            "rollout.adaptive_answers.enabled=true",
+            "rollout.adaptive_answers.first=2",
+            f"rollout.adaptive_answers.budget={self.samples}",
+            "rollout.adaptive_answers.min_per_thought=2",
+            f"rollout.adaptive_answers.max_per_thought={2 * self.answers}",
+        )
 
     @property
     def samples(self) -> int:
@@ -33,12 +52,13 @@ class Arm:
 
     @classmethod
     def parse(cls, text: str) -> Arm:
-        match = re.fullmatch(r"T(\d+)A(\d+)", text)
-        if not match or int(match[1]) < 2 or int(match[2]) < 1:
+        match = re.fullmatch(r"T(\d+)A(\d+)(-adaptive)?", text)
+        if not match or int(match[1]) < 2 or int(match[2]) < (2 if match[3] else 1):
             raise ValueError(
-                f"arm {text!r}: write T<K>A<M> with K >= 2 thoughts and M >= 1 answers, e.g. T4A4"
+                f"arm {text!r}: write T<K>A<M> with K >= 2 thoughts and M >= 1 answers, e.g. T4A4, or "
+                "T<K>A<M>-adaptive with M >= 2 (K·M answers per prompt allocated per thought)"
             )
-        return cls(int(match[1]), int(match[2]))
+        return cls(int(match[1]), int(match[2]), bool(match[3]))
 
 
 @dataclass(frozen=True)
@@ -53,8 +73,13 @@ class TaskSetup:
     sft_batch: int
     headline: str  # reward component reported as the held-out score, e.g. "iou" or "manipulation/success"
     steps: int  # GRPO steps of every arm (with a time budget: the most any arm may take)
-    difficulty: str = ""  # make-data --difficulty (shapes only)
+    difficulty: str = ""  # make-data --difficulty (shapes, arithmetic)
     records_task: str = ""  # make-data --task when it differs from the name (relational shapes are detection)
+
+    @property
+    def headline_label(self) -> str:
+        """The headline metric as the report's prose names it."""
+        return HEADLINE_LABELS.get(self.headline, self.headline)
 
     @property
     def data_task(self) -> str:
@@ -80,6 +105,34 @@ RELATIONAL = TaskSetup(
 )
 PAPER_BUDGET_S = 300.0  # seconds of step time per arm
 PAPER_EVAL_EVERY = 10
+HEADLINE_LABELS = {"iou": "IoU", "manipulation/success": "success", "answer_match": "accuracy"}
+
+#: text-only arithmetic ("Compute left to right: 7 +5 *3"): the reference thought writes each step out (~13
+#: tokens at ``easy``), the answer is the last value; the answer cannot be read off the operands. Sizes from the
+#: pilot (docs/comparison.md): at ``normal`` 300 SFT steps on 2,000 records left 0.055 held-out accuracy and no
+#: arm's reward moved; ``easy`` with 600 steps on 5,000 records starts the arms at 0.555
+ARITHMETIC = TaskSetup(
+    "arithmetic",
+    "arithmetic",
+    5000,
+    {"test": 128},
+    sft_steps=600,
+    sft_batch=32,
+    headline="answer_match",
+    steps=2000,
+    difficulty="easy",
+    records_task="answer",
+)
+
+
+PAPER_TITLE = "Results in the paper's regime: GRPO-MA vs GRPO at equal time"
+REASONING_TITLE = "Results on a reasoning task: GRPO-MA vs GRPO at equal time"
+REASONING_SCALE = (
+    "a 0.8 M-parameter model, text only (no image), trained from scratch on multi-step arithmetic, 8 prompts "
+    "per step, on CPU; perception plays no part, so the thought decides the answer. The paper trains "
+    "pretrained 3B–7B models on competition math for thousands of steps. These runs test whether the method's "
+    "mechanics show up at toy scale; they cannot confirm or refute the paper's numbers."
+)
 
 
 @dataclass(frozen=True)
@@ -96,6 +149,13 @@ class ComparePlan:
     sft_learning_rate: float = 2e-3
     arguments: str = ""  # the benchmarks/compare.py arguments that give this plan
     time_budget_s: float = 0.0  # > 0: every arm trains for these seconds of step time (train.time_budget_s)
+    title: str = "Results: GRPO-MA vs GRPO at CPU scale"  # the report's heading
+    #: what the runs are and what they cannot show (the report's "Scale" line)
+    scale: str = (
+        "a 0.8 M-parameter model trained from scratch on 112×112 images, 8 prompts per step, at most a few hundred "
+        "steps, on CPU. The paper trains pretrained 3B–7B models for thousands of steps. These runs test whether "
+        "the method's mechanics show up at toy scale; they cannot confirm or refute the paper's numbers."
+    )
 
     @property
     def equal_time(self) -> bool:
@@ -163,25 +223,46 @@ class ComparePlan:
         )
 
     @classmethod
-    def paper_regime(cls) -> ComparePlan:
+    def equal_time_plan(cls, name: str, task: TaskSetup, quick: bool, **texts: str) -> ComparePlan:
+        """An equal-time plan of one task (``texts``: its report ``title`` / ``scale``); ``quick``: 1 seed, 15 s
+        an arm, 200 training and 16 held-out records, a 40-step warm start."""
+        if quick:
+            small = replace(task, train_records=200, eval_records={"test": 16}, sft_steps=40, steps=40)
+            return cls(
+                f"{name}-quick",
+                (small,),
+                seeds=(0,),
+                eval_every=4,
+                time_budget_s=15.0,
+                arguments=f" --plan {name} --quick",
+                **texts,
+            )
         return cls(
-            "paper-regime",
-            (RELATIONAL,),
+            name,
+            (task,),
             eval_every=PAPER_EVAL_EVERY,
             time_budget_s=PAPER_BUDGET_S,
-            arguments=" --plan paper-regime",
+            arguments=f" --plan {name}",
+            **texts,
         )
 
     @classmethod
+    def paper_regime(cls, quick: bool = False) -> ComparePlan:
+        return cls.equal_time_plan("paper-regime", RELATIONAL, quick, title=PAPER_TITLE)
+
+    @classmethod
     def paper_regime_quick(cls) -> ComparePlan:
-        return cls(
-            "paper-regime-quick",
-            (replace(RELATIONAL, train_records=200, eval_records={"test": 16}, sft_steps=40, steps=40),),
-            seeds=(0,),
-            eval_every=4,
-            time_budget_s=15.0,
-            arguments=" --plan paper-regime --quick",
+        return cls.paper_regime(quick=True)
+
+    @classmethod
+    def reasoning(cls, quick: bool = False) -> ComparePlan:
+        return cls.equal_time_plan(
+            "reasoning", ARITHMETIC, quick, title=REASONING_TITLE, scale=REASONING_SCALE
         )
+
+    @classmethod
+    def reasoning_quick(cls) -> ComparePlan:
+        return cls.reasoning(quick=True)
 
     @classmethod
     def named(cls, name: str, quick: bool = False) -> ComparePlan:
@@ -189,9 +270,10 @@ class ComparePlan:
         plans = {
             "toy": (cls.full, cls.quick),
             "paper-regime": (cls.paper_regime, cls.paper_regime_quick),
+            "reasoning": (cls.reasoning, cls.reasoning_quick),
         }
         if name not in plans:
-            raise ValueError(f"--plan: unknown plan {name!r}; choose {' or '.join(plans)}")
+            raise ValueError(f"--plan: unknown plan {name!r}; choose {', '.join(plans)}")
         return plans[name][quick]()
 
     def select(
@@ -220,3 +302,22 @@ class ComparePlan:
             arms=tuple(map(Arm.parse, arms)) if arms else self.arms,
             seeds=tuple(seeds) if seeds else self.seeds,
         )
+
+    def with_steps(self, steps: int | None) -> ComparePlan:
+        """This plan with every task's GRPO steps set to ``steps`` (``--steps``: a shorter run, the same for every
+        arm); ``None`` keeps the plan's steps."""
+        if steps is None:
+            return self
+        if steps < 1:
+            raise ValueError(f"--steps: {steps} GRPO steps; give at least 1")
+        return replace(
+            self,
+            name=self.name if self.name.endswith("-subset") else f"{self.name}-subset",
+            arguments=f"{self.arguments} --steps {steps}",
+            tasks=tuple(replace(task, steps=steps) for task in self.tasks),
+        )
+
+    def with_page(self, page: str | None) -> ComparePlan:
+        """This plan with ``--page`` in its arguments, so the report names the command that wrote it (where
+        it is written, ``--docs`` and ``--out``, is not part of what it measured)."""
+        return replace(self, arguments=self.arguments + (f" --page {page}" if page else ""))

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from vlm_grpoma.trainer.logging import METRICS_FILE
+from vlm_grpoma.run_layout import METRICS_FILE
 
 WINDOW = (
     10  # steps averaged for "start" and "end" training reward (at most half the run, so they never overlap)
@@ -192,6 +192,13 @@ class Difference:
         if self.se == 0:  # every seed gave the same value in each arm, and the arms differ
             return True
         return abs(self.diff) > stats.t.ppf(1 - LEVEL / 2, self.df) * self.se
+
+    def detectable(self, power: float = 0.8) -> float:
+        """The smallest true difference this standard error detects at the 5 % level with ``power``:
+        (t_{1-α/2} + t_power) · se at Welch's degrees of freedom; NaN without a spread to judge by."""
+        if not (math.isfinite(self.se) and math.isfinite(self.df) and self.se > 0):
+            return math.nan
+        return float((stats.t.ppf(1 - LEVEL / 2, self.df) + stats.t.ppf(power, self.df)) * self.se)
 
     def text(self) -> str:
         if not math.isfinite(self.diff):

@@ -86,3 +86,17 @@ def test_infeasible_budgets_and_too_few_first_answers_are_refused():
         neyman_allocation(torch.zeros(1, 4, 1), budget=8, min_per_thought=1, max_per_thought=4)
     with pytest.raises(ValueError, match="prior_dof"):
         shrunk_reward_variance(torch.zeros(1, 4, 2), prior_dof=0.0)
+
+
+def test_predicted_variance_ratio_against_the_written_sums():
+    from vlm_grpoma.algorithm.allocation import allocate_answers, predicted_variance_ratio
+
+    variance = torch.tensor(
+        [[4.0, 1.0, 1.0, 0.25], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.float64
+    )
+    counts = allocate_answers(variance, budget=16, min_per_thought=2, max_per_thought=8)
+    ratio = predicted_variance_ratio(variance, counts)
+    expected = (variance[0] / counts[0]).sum() / (variance[0] / 4).sum()
+    assert float(ratio[0]) == pytest.approx(float(expected), rel=1e-12) and ratio[0] < 1
+    assert float(ratio[1]) == 1.0  # equal spreads: the uniform split itself
+    assert ratio[2].isnan()  # no spread: nothing to predict

@@ -156,3 +156,24 @@ def test_variance_benchmark_prints_the_tables():
         rows = [line for line in table.splitlines() if line.split("|")[0].strip().isdigit()]
         assert [int(r.split("|")[0]) for r in rows] == [1, 2, 4, 8, 16]
         assert all(len(r.split("|")) == 7 for r in rows)  # M, K = 2, 4, 8, 16, 64, the limit
+
+
+def test_ragged_thought_advantage_variance_uses_each_thoughts_own_count():
+    """Against a loop: mean_k(s_k²/M_k) / (max(Var_k V̂_k − mean_k(s_k²/M_k), 0) + mean_k(s_k²/M_k)); an
+    all-True mask gives the uniform estimate."""
+    import torch
+
+    from vlm_grpoma.algorithm.diagnostics import thought_advantage_variance
+
+    generator = torch.Generator().manual_seed(0)
+    rewards = torch.rand(3, 4, 6, generator=generator, dtype=torch.float64)
+    counts = torch.tensor([[2, 6, 3, 4], [5, 5, 2, 2], [6, 2, 2, 2]])
+    mask = torch.arange(6) < counts.unsqueeze(-1)
+    got = thought_advantage_variance(rewards.where(mask, torch.nan), mask)
+    for b in range(3):
+        parts = [rewards[b, k, : counts[b, k]] for k in range(4)]
+        noise = sum(float(p.var() / len(p)) for p in parts) / 4
+        between = max(float(torch.stack([p.mean() for p in parts]).var()) - noise, 0.0)
+        assert float(got[b]) == pytest.approx(noise / (between + noise), rel=1e-12)
+    full = torch.ones(3, 4, 6, dtype=torch.bool)
+    assert torch.equal(thought_advantage_variance(rewards, full), thought_advantage_variance(rewards))

@@ -185,9 +185,8 @@ def test_high_entropy_mask_is_trls_quantile_rule():
     fraction = 0.25
     kept = high_entropy_mask(entropies, masks, fraction)
     values = torch.cat([e[m] for e, m in zip(entropies, masks)])
-    threshold = torch.quantile(
-        values, 1 - fraction
-    )  # TRL: quantile(non-pad entropies, 1 - top_entropy_quantile)
+    # TRL: quantile(non-pad entropies, 1 - top_entropy_quantile)
+    threshold = torch.quantile(values, 1 - fraction)
     for e, m, k in zip(entropies, masks, kept):
         assert torch.equal(k.bool(), (e >= threshold) & m)
     share = sum(int(k.sum()) for k in kept) / values.numel()

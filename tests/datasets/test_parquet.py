@@ -141,14 +141,14 @@ def test_a_bad_value_names_the_file_and_row(tmp_path, pq):
 
 def test_column_options_are_refused_for_other_formats(tmp_path):
     (tmp_path / "x.json").write_text("[]")
-    with pytest.raises(ConvertError, match="apply to --from parquet only"):
+    with pytest.raises(ConvertError, match="apply to --from parquet, gsm8k, math only"):
         convert("coco", tmp_path / "x.json", tmp_path / "o", task="detection")
 
 
 def test_without_pyarrow_the_error_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # import fails as if not installed
     (tmp_path / "t.parquet").write_bytes(b"")
-    with pytest.raises(MissingDependencyError, match=r"pip install 'vlm-grpoma\[parquet\]'"):
+    with pytest.raises(MissingDependencyError, match=r"needs pyarrow: pip install pyarrow$"):
         convert("parquet", tmp_path / "t.parquet", tmp_path / "o", task="detection", fields={"prompt": "p"})
 
 

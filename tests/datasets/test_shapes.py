@@ -182,9 +182,8 @@ def test_trajectories_go_around_the_obstacle(datasets):
                 x1, y1, x2, y2 = o["box"]
                 others[y1:y2, x1:x2] |= _colour_pixels(image, o["colour"])[y1:y2, x1:x2]
         assert not _hits(gt.points, others), rec.id
-        assert _hits([gt.points[0], gt.points[-1]], occupied), (
-            rec.id
-        )  # the straight path would run through it
+        # the straight path would run through it
+        assert _hits([gt.points[0], gt.points[-1]], occupied), rec.id
         for (x, y), box in ((gt.points[0], start["box"]), (gt.points[-1], goal["box"])):
             assert box[0] <= x <= box[2] and box[1] <= y <= box[3]
         assert rec.prompt == (
@@ -245,11 +244,18 @@ def test_size_words_match_drawn_sizes(datasets):
     assert max(sides["small"]) < min(sides["large"])
 
 
-def test_make_data_offers_exactly_the_shape_presets():
-    from vlm_grpoma.cli import build_parser
-    from vlm_grpoma.datasets.synthetic.shapes import PRESETS
+def test_make_data_offers_exactly_the_shape_and_arithmetic_presets(tmp_path, capsys):
+    from vlm_grpoma.cli import build_parser, main
+    from vlm_grpoma.datasets.synthetic.arithmetic import PRESETS as ARITHMETIC
+    from vlm_grpoma.datasets.synthetic.shapes import PRESETS as SHAPES
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices["make-data"]
     difficulty = next(a for a in sub._actions if a.dest == "difficulty")
-    assert set(difficulty.choices) == set(PRESETS)
+    assert set(difficulty.choices) == set(SHAPES) | set(ARITHMETIC)
+    # a preset only the other source has is one line naming the source's presets
+    only_arithmetic = sorted(set(ARITHMETIC) - set(SHAPES))[0]
+    argv = "make-data --source shapes --task detection --n 1 --difficulty".split() + [only_arithmetic]
+    argv += ["--out", str(tmp_path)]
+    assert main(argv) == 1
+    assert f"--difficulty must be one of {sorted(SHAPES)}" in capsys.readouterr().err

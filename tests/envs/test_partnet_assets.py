@@ -467,9 +467,8 @@ def test_make_assets_cli(tmp_path, capsys):
     assets = scan_assets(out)
     assert [a.category for a in assets].count("Laptop") == 5 and len(assets) == 10
     split = load_split()
-    assert (
-        sum(split.split_of(a.asset_id, a.category) == "seen" for a in assets) == 1
-    )  # a fifth of the laptops
+    # a fifth of the laptops
+    assert sum(split.split_of(a.asset_id, a.category) == "seen" for a in assets) == 1
     assert "Laptop (seen): 1, Laptop (train): 4, Oven (unseen): 5" in capsys.readouterr().out
     assert cli_main(["make-assets", "--out", str(out), "--per-category", "0"]) == 1
     assert cli_main(["make-assets", "--out", str(out), "--categories", "teapot"]) == 1

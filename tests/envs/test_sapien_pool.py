@@ -30,9 +30,8 @@ def _strip(outcome):
 
 def test_pool_matches_in_process_results(pool):
     sampled = pool.map([("sample", ("seen", i, 1), {}) for i in range(8)])
-    assert sampled == [
-        sample_split_episode("seen", i, 1) for i in range(8)
-    ]  # same episodes in other processes
+    # same episodes in other processes
+    assert sampled == [sample_split_episode("seen", i, 1) for i in range(8)]
     jobs = [(spec, oracle) for spec, oracle in sampled] + [
         (spec, random_action(spec, 1, i)) for i, (spec, _) in enumerate(sampled)
     ]

@@ -70,8 +70,8 @@ def test_detection_metrics_hand_computed():
     m = det.metrics
     assert m["precision@0.5"] == pytest.approx((1 + 1 + 2 + 0) / 5)
     assert m["precision@0.75"] == pytest.approx((1 + 0 + 2 + 0) / 5)
-    assert m["success@0.5"] == pytest.approx(2 / 3)  # single-box records: 1, 0.5 -> hit, failure -> miss
-    assert m["success@0.75"] == pytest.approx(1 / 3)
+    assert m["Acc@0.5"] == pytest.approx(2 / 3)  # single-box records: 1, 0.5 -> hit, failure -> miss
+    assert m["Acc@0.75"] == pytest.approx(1 / 3)
     assert m["mean_iou"] == pytest.approx((1 + 0.5 + (1 + 0.8) / 3 + 0) / 4)
     assert det.format_rate == det.parse_rate == 0.75
     assert det.failures == {"no_answer_tag": 1}
@@ -271,7 +271,7 @@ def shapes_records(tmp_path_factory):
 
 def _assert_perfect(report, exact: bool):
     det, aff, traj = (report.tasks[t].metrics for t in ("detection", "affordance", "trajectory"))
-    assert det["precision@0.5"] == det["precision@0.75"] == det["success@0.5"] == 1.0
+    assert det["precision@0.5"] == det["precision@0.75"] == det["Acc@0.5"] == 1.0
     assert det["ap"] == pytest.approx(1.0) and det["ap50"] == pytest.approx(1.0)  # shapes boxes carry labels
     assert aff["accuracy"] == 1.0
     assert all(t.format_rate == t.parse_rate == 1.0 and not t.failures for t in report.tasks.values())
@@ -359,7 +359,7 @@ def test_make_data_then_eval_on_tiny_model(tmp_path, tiny_model_dir, capsys):
     assert metrics["predictions"] == metrics["records"] == 6
     assert set(metrics["tasks"]) == {"detection", "affordance", "trajectory"}
     expected = {
-        "detection": {"precision@0.5", "precision@0.75", "success@0.5", "mean_iou", "ap", "ap50"},
+        "detection": {"precision@0.5", "precision@0.75", "Acc@0.5", "mean_iou", "ap", "ap50"},
         "affordance": {"accuracy", "mean_distance_px"},
         "trajectory": {"dfd", "hausdorff", "rmse"},
     }
@@ -447,9 +447,10 @@ def test_evaluate_library_call_sampled(shapes_records, tiny_model_dir, tmp_path)
     again = evaluate(
         loaded.model, loaded.adapter, records, greedy=False, samples=2, batch_size=4, seed=1, rollout=rollout
     )
+    # seeded
     assert [p.prediction.answer_text for p in again.predictions] == [
         p.prediction.answer_text for p in report.predictions
-    ]  # seeded
+    ]
     with pytest.raises(ValueError, match="greedy"):
         evaluate(loaded.model, loaded.adapter, records, greedy=True, samples=2)
     manip = Record(

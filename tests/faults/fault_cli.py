@@ -8,6 +8,7 @@ Rewards it registers (use them in ``rewards.weights``):
   fault_nan      NaN for the first answer of every scoring call, the rest as fault_length
   fault_sleepy   sleeps SLEEP_S seconds on rank SLEEP_RANK at its first call (a hung rank)
   fault_kill     SIGKILLs its process at scoring call number KILL_AT_CALL (kill -9 mid-step)
+  fault_signal   sends its process SIGNAL (SIGINT, SIGTERM, SIGUSR1) at scoring call SIGNAL_AT_CALL, mid-step
 FAULT=kill-in-save:N SIGKILLs the process while it writes the checkpoint of step N, after every file but
 checkpoint.json is written (kill -9 mid-save).
 """
@@ -74,7 +75,24 @@ def _kill_in_save(step: int) -> None:
     checkpoint._manifest = manifest
 
 
-FACTORIES = {"fault_length": Length, "fault_nan": NaNFirst, "fault_sleepy": Sleepy, "fault_kill": Kill}
+class Signal:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def score(self, completions, records):
+        self.calls += 1
+        if self.calls == int(os.environ.get("SIGNAL_AT_CALL", "0")):
+            os.kill(os.getpid(), signal.Signals[os.environ["SIGNAL"]])
+        return RewardResult(_lengths(completions))
+
+
+FACTORIES = {
+    "fault_length": Length,
+    "fault_nan": NaNFirst,
+    "fault_sleepy": Sleepy,
+    "fault_kill": Kill,
+    "fault_signal": Signal,
+}
 
 
 def register_fault_rewards() -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from fault_runs import error_lines, run_cli
 
-from vlm_grpoma.errors import CheckpointError
+from vlm_grpoma.errors import CheckpointError, StorageError
 from vlm_grpoma.trainer import checkpoint as ckpt
 from vlm_grpoma.trainer.checkpoint import list_checkpoints
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
@@ -231,8 +231,9 @@ def test_damage_the_manifest_agrees_with_is_still_one_line_through_the_cli(
 
 
 def test_a_crash_between_the_renames_of_a_re_save_keeps_the_step(run_copy, make_config_module, monkeypatch):
-    """Re-saving step 2 (resumed from step 1 in the same folder) dies after the old copy was moved aside and
-    before the new one is renamed into place: step 2 must still be found, and the next save tidies up."""
+    """Saving step 2 again (resumed from step 1 in the same folder, so the first step 2 was set aside as
+    abandoned) dies before the new copy is renamed into place: nothing is lost, the abandoned copy is kept and
+    never resumed from, and the next run resumes step 1 and tidies up."""
     real_rename = Path.rename
 
     def crash_on_the_second_rename(self, target):
@@ -249,15 +250,17 @@ def test_a_crash_between_the_renames_of_a_re_save_keeps_the_step(run_copy, make_
         trainer.train()
     monkeypatch.undo()
     root = run_copy / "checkpoints"
-    assert not (root / "step-00000002").exists() and (root / ".old-step-00000002").is_dir()
-    assert [p.name for p in list_checkpoints(run_copy)] == ["step-00000001", ".old-step-00000002"]
+    assert not (root / "step-00000002").exists() and (root / "abandoned-step-00000002").is_dir()
+    assert [p.name for p in list_checkpoints(run_copy)] == ["step-00000001"]
     resumed = GRPOMATrainer(
         make_config_module(run_copy, "train.steps=3", "checkpoint.keep_last=3", "checkpoint.resume=auto")
     )
-    assert resumed.step == 2
+    assert resumed.step == 1
     resumed.train()
-    assert [p.name for p in list_checkpoints(run_copy)] == ["step-00000001", "step-00000002", "step-00000003"]
+    names = [p.name for p in list_checkpoints(run_copy)]
+    assert names[0] == "step-00000001" and names[-1] == "step-00000003"
     assert not list(root.glob(".old-*")) and not list(root.glob(".tmp-*"))
+    assert (root / "abandoned-step-00000002").is_dir()
 
 
 def test_every_file_is_synced_before_the_checkpoint_is_renamed_into_place(
@@ -274,7 +277,7 @@ def test_every_file_is_synced_before_the_checkpoint_is_renamed_into_place(
         events.append(("rename", f"{self} -> {target}"))
         return real_rename(self, target)
 
-    monkeypatch.setattr(ckpt.os, "fsync", fsync)
+    monkeypatch.setattr(os, "fsync", fsync)  # the os module every writer calls
     monkeypatch.setattr(Path, "rename", rename)
     trainer = GRPOMATrainer(make_config_module(tmp_path / "run", "train.steps=1"))
     trainer.train()
@@ -287,3 +290,157 @@ def test_every_file_is_synced_before_the_checkpoint_is_renamed_into_place(
     tmp = final.with_name(".tmp-step-00000001")
     written = {str(tmp / name) for name in json.loads((final / "checkpoint.json").read_text())["files"]}
     assert written <= synced, sorted(written - synced)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Round 3: no silent restart or rollback, the checkpoints folder checked up front, resume mismatches said
+
+
+def test_rerunning_auto_with_only_damaged_checkpoints_left_refuses_until_told_to_restart(
+    run_copy, make_config_module
+):
+    for step in ("step-00000001", "step-00000002"):
+        _flip_byte(run_copy / "checkpoints" / step / MODEL_STATES)
+    with pytest.raises(CheckpointError, match="every checkpoint in"):
+        GRPOMATrainer(make_config_module(run_copy, "train.steps=4", "checkpoint.resume=auto"))
+    metrics = (run_copy / "metrics.jsonl").read_text()
+    with pytest.raises(
+        CheckpointError
+    ) as again:  # the same command again: before, a silent restart at step 0
+        GRPOMATrainer(make_config_module(run_copy, "train.steps=4", "checkpoint.resume=auto"))
+    assert "only damaged ones (damaged-step-00000001, damaged-step-00000002)" in str(again.value)
+    assert "checkpoint.resume=restart" in str(again.value) and "\n" not in str(again.value)
+    assert (run_copy / "metrics.jsonl").read_text() == metrics  # nothing emptied
+
+    trainer = GRPOMATrainer(make_config_module(run_copy, "train.steps=4", "checkpoint.resume=restart"))
+    assert trainer.step == 0 and (run_copy / "metrics.jsonl").read_text() == ""
+    assert (run_copy / "checkpoints" / "damaged-step-00000002").is_dir()  # still there for inspection
+
+
+def test_restart_in_a_folder_with_intact_checkpoints_sets_them_aside(run_copy, make_config_module, caplog):
+    trainer = GRPOMATrainer(make_config_module(run_copy, "train.steps=4", "checkpoint.resume=restart"))
+    assert trainer.step == 0 and list_checkpoints(run_copy) == []
+    names = sorted(p.name for p in (run_copy / "checkpoints").iterdir())
+    assert names == ["abandoned-step-00000001", "abandoned-step-00000002"]
+    assert "moved to abandoned-step-00000002" in caplog.text
+
+
+def test_resuming_an_older_checkpoint_moves_the_later_ones_aside_named(run_copy, make_config_module, caplog):
+    step1 = run_copy / "checkpoints" / "step-00000001"
+    trainer = GRPOMATrainer(make_config_module(run_copy, "train.steps=3", f"checkpoint.resume={step1}"))
+    assert trainer.step == 1
+    assert list_checkpoints(run_copy) == [step1]  # eval and a later resume=auto no longer see step 2
+    assert (run_copy / "checkpoints" / "abandoned-step-00000002" / "checkpoint.json").is_file()
+    assert "skipped step-00000002, later than step-00000001; moved to abandoned-step-00000002" in caplog.text
+    trainer.train()
+    assert [p.name for p in list_checkpoints(run_copy)] == ["step-00000001", "step-00000003"]
+
+
+def _symlinked_step(run: Path) -> str:
+    (run / "checkpoints" / "step-00000009").symlink_to(run / "checkpoints" / "step-00000001")
+    return "step-00000009: a symlink"
+
+
+def _checkpoints_file(run: Path) -> str:
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").write_text("not a folder")
+    return "checkpoints is not a folder"
+
+
+@pytest.mark.parametrize("plant", [_symlinked_step, _checkpoints_file], ids=["symlinked step", "file"])
+def test_a_checkpoints_folder_the_first_save_would_trip_on_is_refused_up_front(
+    plant, run_copy, make_config_module
+):
+    expected = plant(run_copy)
+    with pytest.raises((CheckpointError, StorageError)) as refused:
+        GRPOMATrainer(make_config_module(run_copy, "train.steps=4", "checkpoint.resume=auto"))
+    assert expected in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_stray_tmp_file_does_not_stop_the_save(run_copy, make_config_module):
+    (run_copy / "checkpoints" / ".tmp-step-00000003").write_text("a stray file")
+    trainer = GRPOMATrainer(make_config_module(run_copy, "train.steps=3", "checkpoint.resume=auto"))
+    trainer.train()
+    assert list_checkpoints(run_copy)[-1].name == "step-00000003"
+    assert not (run_copy / "checkpoints" / ".tmp-step-00000003").exists()
+
+
+def _edit_meta(folder: Path, edit) -> None:
+    meta = json.loads((folder / "checkpoint.json").read_text())
+    edit(meta)
+    (folder / "checkpoint.json").write_text(json.dumps(meta))
+
+
+HAND_EDITS = {
+    "manifest name ../x": (lambda m: m["files"].update({"../x": {"size": 1, "sha256": "0"}}), "outside"),
+    "manifest name /proc/kmsg": (
+        lambda m: m["files"].update({"/proc/kmsg": {"size": 1, "sha256": "0"}}),
+        "outside",
+    ),
+    "int manifest entry": (lambda m: m["files"].update({"trainer_state.pt": 7}), "has no size and sha256"),
+    "string world_size": (lambda m: m.update(world_size="1"), "world_size '1' is not an integer"),
+    "negative step": (lambda m: m.update(step=-2), "step -2 is not an integer"),
+}
+
+
+@pytest.mark.parametrize("edit", list(HAND_EDITS))
+def test_a_hand_edited_checkpoint_json_is_one_line(edit, run_copy):
+    step2 = run_copy / "checkpoints" / "step-00000002"
+    change, expected = HAND_EDITS[edit]
+    _edit_meta(step2, change)
+    with pytest.raises(CheckpointError) as refused:
+        ckpt.verify_checkpoint(step2)
+    assert expected in str(refused.value) and str(step2 / "checkpoint.json") in str(refused.value)
+
+
+def test_a_deeply_nested_checkpoint_json_is_one_line(run_copy):
+    step2 = run_copy / "checkpoints" / "step-00000002"
+    (step2 / "checkpoint.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CheckpointError, match="nested too deeply"):
+        ckpt.read_meta(step2)
+
+
+@pytest.mark.parametrize(
+    "state", [{"step": 2, "data": [], "metrics": {}}, {"step": 2, "data": {}, "metrics": {}}, {"step": 5}]
+)
+def test_a_mis_shaped_trainer_state_is_one_line(state, run_copy, make_config_module):
+    step2 = run_copy / "checkpoints" / "step-00000002"
+    full = {"data": {}, "metrics": {}, **state}
+    torch.save(full, step2 / "trainer_state.pt")
+    _rewrite_manifest(step2, "trainer_state.pt")
+    with pytest.raises(CheckpointError) as refused:
+        GRPOMATrainer(make_config_module(run_copy, "train.steps=4", f"checkpoint.resume={step2}"))
+    assert str(step2 / "trainer_state.pt") in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_resume_with_another_zero_stage_is_one_line(run_copy, make_config_module):
+    with pytest.raises(
+        CheckpointError, match=r"saved with ZeRO stage 0, resuming with deepspeed.zero_stage=2"
+    ):
+        GRPOMATrainer(
+            make_config_module(run_copy, "train.steps=4", "checkpoint.resume=auto", "deepspeed.zero_stage=2")
+        )
+
+
+def test_resume_with_another_model_under_frozen_weights_is_refused(
+    run_copy, make_config_module, tiny_path, tmp_path
+):
+    other = shutil.copytree(tiny_path, tmp_path / "other-model")
+    with pytest.raises(
+        CheckpointError, match=f"trained on model.name_or_path={tiny_path}, resuming with {other}"
+    ):
+        GRPOMATrainer(
+            make_config_module(
+                run_copy, "train.steps=4", "checkpoint.resume=auto", f"model.name_or_path={other}"
+            )
+        )
+
+
+def test_resume_with_another_learning_rate_warns_that_the_saved_schedule_wins(
+    run_copy, make_config_module, caplog
+):
+    GRPOMATrainer(
+        make_config_module(run_copy, "train.steps=4", "checkpoint.resume=auto", "optim.learning_rate=5e-4")
+    )
+    assert "optim.learning_rate=0.0005 differs from the 0.001" in caplog.text
+    assert "the checkpoint's learning-rate schedule wins" in caplog.text

@@ -16,7 +16,7 @@ from PIL import Image
 from vlm_grpoma import cli
 from vlm_grpoma.datasets import images
 from vlm_grpoma.datasets.jsonl import RecordError, read_records, write_records
-from vlm_grpoma.errors import CommandError, DataError
+from vlm_grpoma.errors import DataError
 from vlm_grpoma.models.record_checks import prompt_problems
 from vlm_grpoma.models.registry import load_adapter
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
@@ -164,7 +164,7 @@ def test_bad_images_stop_training_eval_sets_and_eval_with_one_line(
         DataError, match=rf"^data\.train_path: {data}:2 \(id {ids[1]}\): .*gone\.png: image file not found$"
     ):
         GRPOMATrainer(make_config(tmp_path / "run", f"data.train_path={data}"))
-    with pytest.raises(CommandError, match=rf"^data\.eval_sets\.held_out: {data}:2 \(id {ids[1]}\): "):
+    with pytest.raises(DataError, match=rf"^data\.eval_sets\.held_out: {data}:2 \(id {ids[1]}\): "):
         GRPOMATrainer(
             make_config(tmp_path / "run2", "train.eval_every=1", f"data.eval_sets={{held_out: {data}}}")
         )
@@ -204,9 +204,8 @@ def test_an_image_whose_resize_leaves_no_pixels_is_refused(shapes_path, make_con
 def test_image_checks_are_cached_and_redone_for_a_changed_file(tmp_path, monkeypatch):
     from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 
-    shapes_path = generate_shapes(
-        "detection", 4, tmp_path / "own", seed=1, config=EASY
-    )  # this test damages it
+    # this test damages it
+    shapes_path = generate_shapes("detection", 4, tmp_path / "own", seed=1, config=EASY)
     records = read_records(shapes_path)
     assert images.image_problems(records, cache_key=str(shapes_path)) == {}
     real = images._inspect

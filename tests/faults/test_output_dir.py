@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -103,3 +104,15 @@ def test_metrics_of_redone_steps_appear_once_after_a_resume(make_config, tmp_pat
 def test_an_empty_output_dir_is_a_config_error(make_config, tmp_path, value):
     with pytest.raises(ConfigError, match=r"^logging\.output_dir: is empty"):
         make_config(tmp_path, f"logging.output_dir={value}")
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "/dev/null"])
+def test_an_output_dir_that_cannot_be_a_folder_is_one_line(where, make_config, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    out = {"a file": blocker, "under a file": blocker / "run", "/dev/null": Path("/dev/null")}[where]
+    with pytest.raises(StorageError) as refused:
+        GRPOMATrainer(make_config(out))
+    message = str(refused.value)
+    assert message.startswith("logging.output_dir: ") and "\n" not in message, message
+    assert "not a folder" in message or "is a file, not a folder" in message, message

@@ -86,6 +86,71 @@ def test_non_finite_rewards_are_summed_over_two_ranks(overrides, tmp_path):
     assert (out / "config.yaml").is_file()
 
 
+TRL_REWARDS = '''
+import json
+import os
+
+
+def reward_len(completions, **kwargs):
+    """TRL's GRPO quick-start reward, unchanged: completions close to 20 characters."""
+    return [-abs(20 - len(completion)) for completion in completions]
+
+
+def labelled(completions, prompts, ground_truth, id, **kwargs):
+    """1 when the answer names the record's label; None (unscorable) for the first record of a call."""
+    with open(os.environ["TRL_CALLS"], "a") as f:
+        f.write(json.dumps({"n": len(completions), "prompts": prompts, "kwargs": sorted(kwargs)}) + "\\n")
+    labels = [gt["boxes"][0]["label"] for gt in ground_truth]
+    return [None if i == 0 else float(label in text) for i, (text, label) in enumerate(zip(completions, labels))]
+'''
+
+
+def test_a_trl_reward_trains_unchanged(make_config, tmp_path, monkeypatch):
+    """Item 7: TRL-signature functions are called once per scoring call with the texts, the prompts and
+    the record fields; None is an unscorable answer (non-finite handling), and the step trains."""
+    (tmp_path / "trl_rewards.py").write_text(TRL_REWARDS)
+    monkeypatch.setenv("TRL_CALLS", str(tmp_path / "calls.jsonl"))
+    length, labelled = f"{tmp_path}/trl_rewards.py:reward_len", f"{tmp_path}/trl_rewards.py:labelled"
+    config = make_config(
+        tmp_path / "run",
+        "train.steps=1",
+        f"rewards.weights={{{length}: 1.0, {labelled}: 0.5}}",
+        "logging.samples_every=1",
+    )
+    trainer = GRPOMATrainer(config)
+    before = {n: p.detach().clone() for n, p in trainer.engine.module.named_parameters()}
+    [metrics] = trainer.train()
+    assert metrics["train/skipped_steps"] == 0 and math.isfinite(metrics["loss/total"])
+    assert metrics["reward/non_finite"] == 1.0  # the one None of the one scoring call
+    assert any(not torch.equal(before[n], p) for n, p in trainer.engine.module.named_parameters())
+    [call] = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert call["n"] == 2 * 2 * 2  # every answer of the step's 2 prompts x 2 thoughts x 2 answers at once
+    train_prompts = {json.loads(line)["prompt"] for line in open(config.data.train_path)}
+    assert len(call["prompts"]) == 8 and set(call["prompts"]) <= train_prompts
+    assert {"image", "task", "width", "height", "split", "meta"} <= set(call["kwargs"])
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert samples
+    for s in samples:  # the completion TRL's function saw: thought then answer, as the model wrote them
+        assert s[f"rewards/{length}"] == -abs(20 - len(s["thought"] + s["answer"]))
+
+
+def test_a_reward_that_never_returns_stops_a_one_rank_run_in_one_line(overrides, tmp_path, capsys):
+    """#36 L17: ``rewards.options.<name>.timeout_s`` bounds each call of a file reward."""
+    from vlm_grpoma import cli
+
+    (tmp_path / "stuck.py").write_text(
+        "import time\n\ndef stuck(completion, record):\n    time.sleep(3600)\n"
+    )
+    name = f"{tmp_path}/stuck.py:stuck"
+    (tmp_path / "run.yaml").write_text("{}\n")
+    args = overrides(tmp_path / "run", "train.steps=1", f"rewards.weights={{{name}: 1.0}}")
+    args.append(f"rewards.options={{{name}: {{timeout_s: 0.5}}}}")
+    assert cli.main(["train", "--config", str(tmp_path / "run.yaml"), *args]) == 1
+    [line] = [x for x in capsys.readouterr().err.splitlines() if ": error: " in x]
+    assert line.startswith(f"vlm-grpoma train: error: reward {name} did not return within 0.5 s for record ")
+    assert line.endswith(f"(rewards.options.{name}.timeout_s)")
+
+
 def test_an_infinite_reward_costs_its_answer_where_trl_zeroes_its_group():
     """TRL leaves out only NaN: an ±inf reward makes the group mean infinite and nan_to_num zeroes every
     advantage of the group. Ours: ±inf and rewards beyond MAX_REWARD_MAGNITUDE are left out like NaN."""

@@ -87,3 +87,24 @@ def test_read_only_output_folder(overrides, tmp_path):
     assert error_lines(result.stderr) == [
         f"vlm-grpoma train: error: logging.output_dir: read-only file system: {out}/.vlm-grpoma.lock"
     ]
+
+
+def test_disk_full_while_writing_metrics_is_one_line_not_masked_by_closing(overrides, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    config = tmp_path / "run.yaml"
+    config.write_text("{}\n")
+    train = [sys.executable, str(FAULT_CLI), "train", "--config", str(config)]
+    train += overrides(out, "train.steps=40", "logging.tensorboard=true")
+    # A 1 MiB tmpfs filled up to its last 6 pages: the lock and config.yaml fit, the metrics soon do not.
+    script = (
+        'mount -t tmpfs -o size=1m tmpfs "$OUT" && dd if=/dev/zero of="$OUT/filler" bs=4096 count=250 '
+        '2> /dev/null; exec "$@"'
+    )
+    result = _in_namespace(script, train, OUT=str(out))
+    assert result.returncode == 1, result.stderr[-3000:]
+    (line,) = error_lines(result.stderr)
+    assert line.startswith("vlm-grpoma train: error: writing metrics: disk full: "), line
+    # closing the files failed again, and said so without replacing that line (TensorBoard's writer thread
+    # prints its own traceback: the library's, not the run's)
+    assert "closing the metrics files failed too" in result.stderr

@@ -12,8 +12,8 @@ import torch
 from tests.trainer.test_packed import _assert_same, _grads, _prompts, _ragged_tree
 from vlm_grpoma.config import ModelConfig
 from vlm_grpoma.models.loading import load_model
-from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.hf import HFRolloutEngine
+from vlm_grpoma.sampling import SamplingParams
 from vlm_grpoma.trainer.packed import shared_prefix_log_probs
 
 pytestmark = [

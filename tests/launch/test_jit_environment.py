@@ -1,4 +1,5 @@
-"""Every process of one environment JIT-builds DeepSpeed's ops with the same ninja, in the suite's cache."""
+"""Every process of one environment JIT-builds DeepSpeed's ops with the same ninja, in the suite's cache, in a
+folder of its torch version."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import pytest
 
 from vlm_grpoma.cache import cache_dir
-from vlm_grpoma.distributed import prepare_jit_builds
+from vlm_grpoma.distributed import jit_ops_tag, prepare_jit_builds
 
 
 def test_the_environment_ninja_goes_first_on_path_once(monkeypatch):
@@ -19,8 +20,8 @@ def test_the_environment_ninja_goes_first_on_path_once(monkeypatch):
     prepare_jit_builds()
     prepare_jit_builds()
     assert os.environ["PATH"] == f"{ninja.BIN_DIR}:/usr/bin:/bin"
-    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(cache_dir() / "torch_extensions")
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(cache_dir() / "torch_extensions" / jit_ops_tag())
 
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/elsewhere")  # a user's choice wins
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/elsewhere")  # a user's choice wins, per torch version too
     prepare_jit_builds()
-    assert os.environ["TORCH_EXTENSIONS_DIR"] == "/elsewhere"
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == f"/elsewhere/{jit_ops_tag()}"

@@ -91,12 +91,14 @@ def test_two_nodes_on_loopback_train_alike_and_resume_only_at_the_same_world_siz
     rows = check_two_node_run(train_config, run, checks, master_addr="localhost")
     step2 = run / "checkpoints" / "step-00000002"
 
-    # One node, one rank: refused up front with one line (ZeRO-2 optimizer partitions, per-rank RNG streams
-    # and per-rank data shards all belong to a world of 2).
+    # One node, one rank, exact resume asked for: refused up front with one line (ZeRO-2 optimizer partitions,
+    # per-rank RNG streams and data shards belong to a world of 2; the elastic path is tests/trainer/
+    # test_elastic_resume.py's).
     alone = subprocess.run(
         [Path(sys.executable).parent / "vlm-grpoma", "train", "--config", str(train_config)]
         + [
             f"checkpoint.resume={step2}",
+            "checkpoint.elastic_resume=false",
             f"logging.output_dir={tmp_path / 'alone'}",
             "rewards.weights={format: 1.0}",
         ],
@@ -107,8 +109,11 @@ def test_two_nodes_on_loopback_train_alike_and_resume_only_at_the_same_world_siz
     )
     assert alone.returncode == 1, alone.stdout[-2000:] + alone.stderr[-2000:]
     error = alone.stderr.strip().splitlines()[-1]
-    assert error.startswith("vlm-grpoma train: error: ") and "saved with 2 ranks, resuming with 1" in error
-    assert "saved with 2 ranks, resuming with 1" in error and "Traceback" not in alone.stderr
+    assert error.startswith("vlm-grpoma train: error: ") and "saved with 2 ranks and ZeRO stage" in error
+    assert (
+        "checkpoint.elastic_resume=false asks for an exact resume" in error
+        and "Traceback" not in alone.stderr
+    )
 
     # One node, two CPU ranks (the hostfile's slots): an exact resume, bit-identical to the two-node step 3.
     single = tmp_path / "single-node"

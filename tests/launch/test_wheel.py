@@ -186,9 +186,8 @@ def test_installed_wheel_works_outside_the_checkout(venv, tmp_path):
         "--difficulty",
         "easy",
     )
-    demo = (
-        installed / "configs" / "demo_detection.yaml"
-    )  # the shipped config, read from the installed package
+    # the shipped config, read from the installed package
+    demo = installed / "configs" / "demo_detection.yaml"
     trained = vlm(
         "train", "--config", demo, "model.name_or_path=tiny", "data.train_path=data/records.jsonl",
         "logging.output_dir=run", "logging.progress_bar=false", "deepspeed.zero_stage=2", "train.steps=2",

@@ -46,7 +46,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vlm_grpoma.models.tiny import CHAT_TEMPLATE, PRESETS, build_processor, build_tokenizer
+from vlm_grpoma.models.chat_format import CHAT_TEMPLATE
+from vlm_grpoma.models.tiny import PRESETS, build_processor, build_tokenizer
 
 _QWEN3_VL_HEAD = (
     "{%- set counts = namespace(image=0, video=0) -%}"

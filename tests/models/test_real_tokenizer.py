@@ -9,10 +9,11 @@ from PIL import Image
 
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.models.chat_format import SPECIAL_TOKENS
 from vlm_grpoma.models.families import FAMILIES
 from vlm_grpoma.models.qwen import QwenVLAdapter
 from vlm_grpoma.models.qwen_vocab import load_qwen_tokenizer, wheel_path
-from vlm_grpoma.models.tiny import PRESETS, SPECIAL_TOKENS, build_config, build_processor
+from vlm_grpoma.models.tiny import PRESETS, build_config, build_processor
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +87,8 @@ def test_rollout_stops_on_merged_tag_tokens(adapter, tokenizer, record):
     the thought must stop at the tag anyway and the answer continue from it."""
     from transformers import AutoModelForImageTextToText
 
-    from vlm_grpoma.rollout.engine import SamplingParams
     from vlm_grpoma.rollout.hf import HFRolloutEngine
+    from vlm_grpoma.sampling import SamplingParams
 
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_config(
@@ -151,5 +152,5 @@ def test_rollout_stops_on_merged_tag_tokens(adapter, tokenizer, record):
     finally:
         handle.remove()
     assert prediction.answer_text.startswith("answer>") and isinstance(prediction.answer, Boxes)
-    result, _, parsed = score_tree(tree, [record], adapter, build_rewards({"iou": 1.0}))
-    assert bool(parsed.all()) and not result.failures
+    scored = score_tree(tree, [record], adapter, build_rewards({"iou": 1.0}))
+    assert bool(scored.parsed.all()) and not scored.result.failures

@@ -370,9 +370,9 @@ def scripted(model, script):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_hf_rollout_stops_where_the_release_closes_the_thought(name, release_models, record):
-    from vlm_grpoma.rollout.engine import SamplingParams
     from vlm_grpoma.rollout.hf import HFRolloutEngine
     from vlm_grpoma.rollout.vllm import first_stop
+    from vlm_grpoma.sampling import SamplingParams
     from vlm_grpoma.trainer.logprobs import path_log_probs
     from vlm_grpoma.trainer.packed import shared_prefix_log_probs
     from vlm_grpoma.trainer.scoring import score_tree
@@ -399,8 +399,8 @@ def test_hf_rollout_stops_where_the_release_closes_the_thought(name, release_mod
     assert torch.equal(
         torch.cat([tree.thought_tokens(0, 0), tree.answer_tokens(0, 0, 0)]), torch.tensor(script)
     )
-    result, totals, parsed = score_tree(tree, [record], adapter, build_rewards({"iou": 1.0, "format": 0.5}))
-    assert bool(parsed.all()) and totals.tolist() == [[[1.5]]], result.failures
+    scored = score_tree(tree, [record], adapter, build_rewards({"iou": 1.0, "format": 0.5}))
+    assert bool(scored.parsed.all()) and scored.rewards.tolist() == [[[1.5]]], scored.result.failures
     # the packed pass scores this thought and answer as the naive one does
     naive, packed = (
         path_log_probs(model, tree, [0], adapter.tokens),
@@ -423,9 +423,9 @@ def test_hf_rollout_stops_where_the_release_closes_the_thought(name, release_mod
 
 @pytest.mark.parametrize("name", NAMES)
 def test_truncated_thoughts_are_closed_as_the_release_closes_them(name, release_models, record):
-    from vlm_grpoma.rollout.engine import SamplingParams
     from vlm_grpoma.rollout.hf import HFRolloutEngine
     from vlm_grpoma.rollout.vllm import RequestBuilder
+    from vlm_grpoma.sampling import SamplingParams
 
     model, adapter = release_models(name)
     prompts = adapter.build_inputs([record])

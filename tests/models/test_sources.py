@@ -149,7 +149,8 @@ def test_training_from_an_adapter_folder_under_zero(full, tmp_path, zero_stage):
     run.train()
     run.engine.close()
     saved = json.loads((run.final_model_dir / "adapter_config.json").read_text())
-    assert saved["base_model_name_or_path"] == str(start)
+    recorded = saved["base_model_name_or_path"]  # relative to the adapter, never this machine's absolute path
+    assert not recorded.startswith("/") and (run.final_model_dir / recorded).resolve() == start.resolve()
     assert adapter_chain(run.final_model_dir).adapters == (str(start), str(run.final_model_dir.resolve()))
     # the run started from the merged start weights: one step at lr 1e-6 on a zero-initialised B moves little
     before = load_model(ModelConfig(name_or_path=str(start), dtype="float32")).model.state_dict()

@@ -11,7 +11,8 @@ from PIL import Image
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from vlm_grpoma.cli import main as cli_main
-from vlm_grpoma.models.tiny import PRESETS, SPECIAL_TOKENS, TAG_TOKENS
+from vlm_grpoma.models.chat_format import SPECIAL_TOKENS
+from vlm_grpoma.models.tiny import PRESETS, TAG_TOKENS
 
 
 def _digest(folder: Path) -> str:

@@ -119,3 +119,87 @@ def test_grpo_trainer_refuses_a_bad_reward_file_before_loading_the_model(reward_
     )
     with pytest.raises(UserError, match=r"^rewards\.weights\.my_rewards\.py:nope: "):
         GRPOMATrainer(config)
+
+
+TRL_FILE = textwrap.dedent(
+    '''
+    CALLS = []
+
+
+    def accuracy(completions, solution, **kwargs):
+        """A TRL reward reading a dataset column: 1 when the completion contains the solution."""
+        CALLS.append({"completions": completions, "solution": solution, **kwargs})
+        return [float(s in c) if s else None for c, s in zip(completions, solution)]
+
+
+    def short_list(completions, **kwargs):
+        return [1.0]
+
+
+    def huge(completions, **kwargs):
+        return [10**400 for _ in completions]
+
+
+    def huge_one(completion, record):
+        return -(10**400)
+    '''
+)
+
+
+@pytest.fixture
+def trl_file(tmp_path, monkeypatch):
+    (tmp_path / "trl_rewards.py").write_text(TRL_FILE)
+    monkeypatch.chdir(tmp_path)
+    return "trl_rewards.py"
+
+
+def test_a_trl_reward_gets_texts_prompts_and_record_fields(trl_file, make_record):
+    import math
+
+    from vlm_grpoma.rewards.function import load_function
+
+    reward = build_rewards({f"{trl_file}:accuracy": 1.0}).rewards[f"{trl_file}:accuracy"][1]
+    assert reward.trl_style
+    a = make_record(Boxes((Box(0, 0, 10, 10, "cat"),)), rid="a")
+    a.meta.update(solution="cat")
+    b = make_record(Boxes((Box(0, 0, 10, 10, "dog"),)), rid="b")
+    b.meta.update(solution="")
+    batch = [
+        Completion(ParseError("x"), "<think>a cat</think>", "<answer>[]</answer>"),
+        Completion(ParseError("x"), "so a dog\n</think>", "<answer>[]</answer>", thought_opened=True),
+    ]
+    result = reward.score(batch, [a, b])
+    assert result.total[0] == 1.0 and math.isnan(result.total[1])  # None: unscorable
+    [call] = load_function(f"{trl_file}:accuracy").__globals__["CALLS"]
+    assert call["completions"] == [
+        "<think>a cat</think><answer>[]</answer>",
+        "<think>so a dog\n</think><answer>[]</answer>",  # <think> added where the prompt opened it
+    ]
+    assert call["prompts"] == ["p", "p"] and call["id"] == ["a", "b"] and call["solution"] == ["cat", ""]
+    assert call["ground_truth"][0] == {"boxes": [{"bbox_2d": [0, 0, 10, 10], "label": "cat"}]}
+    assert call["width"] == [640, 640] and call["meta"] == [a.meta, b.meta]
+
+
+@pytest.mark.parametrize(
+    ("function", "message"),
+    [
+        ("short_list", r"short_list returned \[1\.0\] .*a list of 2 numbers or None"),
+        ("huge", r"huge returned an integer of 401 digits for record a, beyond float range"),
+        ("huge_one", r"huge_one returned an integer of 401 digits for record a, beyond float range"),
+    ],
+)
+def test_a_bad_trl_list_or_an_int_beyond_float_range_is_one_line(trl_file, make_record, function, message):
+    """#36 L15: an int beyond float range is a one-line error naming the reward and record."""
+    records = [make_record(Boxes(()), rid="a"), make_record(Boxes(()), rid="b")]
+    batch = [Completion(ParseError("x")), Completion(ParseError("x"))]
+    with pytest.raises(RewardFileError, match=message):
+        build_rewards({f"{trl_file}:{function}": 1.0}).score(batch, records)
+
+
+def test_a_timeout_must_be_positive_and_is_not_passed_on(trl_file):
+    with pytest.raises(
+        ValueError, match=r"rewards\.options\.trl_rewards\.py:huge: timeout_s must be a positive"
+    ):
+        build_rewards({f"{trl_file}:huge": 1.0}, {f"{trl_file}:huge": {"timeout_s": 0}})
+    reward = build_rewards({f"{trl_file}:huge": 1.0}, {f"{trl_file}:huge": {"timeout_s": 2.5}})
+    assert reward.rewards[f"{trl_file}:huge"][1].options == {}

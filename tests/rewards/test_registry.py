@@ -3,7 +3,7 @@
 import pytest
 
 from vlm_grpoma.answers import Box, Boxes, ContactAction, ParseError, Points, Trajectory
-from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.datasets.schema import Record, ShortAnswer
 from vlm_grpoma.rewards import Completion, build_reward, register_reward, registered_rewards
 from vlm_grpoma.rewards.registry import BUILTIN_REWARDS
 
@@ -13,6 +13,7 @@ GROUND_TRUTH = {
     "affordance": ("affordance", Points(((3.0, 3.0),))),
     "trajectory": ("trajectory", Trajectory(((1.0, 1.0), (5.0, 5.0)))),
     "manipulation": ("manipulation", ContactAction((3.0, 3.0), (0.0, 0.0, 1.0), (1.0, 0.0, 0.0))),
+    "answer_match": ("answer", ShortAnswer("3")),
 }
 
 
@@ -61,3 +62,24 @@ def test_registered_rewards_take_their_name_once_and_never_twice():
         register_reward("test_registry_constant", Constant)
     with pytest.raises(ValueError, match="already registered"):
         register_reward("iou", Constant)
+
+
+@pytest.mark.parametrize(
+    "weights, task, problem",
+    [
+        ({"iou": 1.0, "format": 0.5}, "answer", "rewards.weights.iou: scores image coordinates"),
+        ({"format": 1.0, "manipulation": 1.0}, "answer", "rewards.weights.manipulation: scores image"),
+        ({"answer_match": 1.0}, "detection", "rewards.weights.answer_match: scores short text answers"),
+        ({"answer_match": 1.0, "format": 0.5}, "answer", None),
+        ({"iou": 1.0, "format": 0.5}, "detection", None),
+        ({"format": 1.0, "my.py:fn": 1.0}, "answer", None),  # the user's own function: not second-guessed
+    ],
+)
+def test_rewards_that_could_only_score_zero_on_the_task_are_refused(weights, task, problem):
+    from vlm_grpoma.rewards.registry import check_rewards_fit_task
+
+    if problem is None:
+        check_rewards_fit_task(weights, task)
+        return
+    with pytest.raises(ValueError, match=problem):
+        check_rewards_fit_task(weights, task)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vlm_grpoma.answers import Box, Boxes, ParseError, Points, Trajectory, parse_answer
-from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.datasets.schema import Record, ShortAnswer
 from vlm_grpoma.rewards import build_reward
 from vlm_grpoma.rewards.base import Completion
 from vlm_grpoma.rewards.format import FormatReward, has_structure
@@ -71,3 +71,32 @@ def test_reward_is_binary_and_consistent_with_the_parser(thought, answer):
     assert result.total[0] in (0.0, 1.0)
     if result.total[0] == 1.0:
         assert isinstance(parsed, Trajectory) and has_structure(text)
+
+
+@pytest.mark.parametrize(
+    "thought, answer, opened, total, failure",
+    [
+        ("<think>7+5=12</think>", "<answer>12</answer>", False, 1.0, None),
+        ("<think>7+5=12</think>", "<answer>so \\boxed{12}</answer>", False, 1.0, None),
+        ("7+5=12</think>", "\n\n<answer>12</answer>", True, 1.0, None),  # the prompt opened the thought
+        ("<think>7+5=12</think>", "\\boxed{12}", False, 0.0, "bad_structure"),  # parseable, tags missing
+        ("<think>7+5=12</think>", "<answer>  </answer>", False, 0.0, "empty_answer"),
+        ("<think>7+5=12</think>", "<answer>\\boxed{12</answer>", False, 0.0, "unclosed_boxed"),
+        ("<think>a</think><think>b</think>", "<answer>12</answer>", False, 0.0, "bad_structure"),
+    ],
+)
+def test_text_answers_of_answer_records(thought, answer, opened, total, failure):
+    """The format reward on short answers: the same tag structure, and a text answer (``\\boxed{}`` inside
+    ``<answer>`` or alone) in place of coordinates, parsed as the trainer parses a completion."""
+    rec = Record("r", None, "answer", "Compute: 7 +5", None, None, ShortAnswer("12"))
+    completion = Completion(parse_answer(thought + answer, "text"), thought, answer, opened)
+    result = FormatReward().score([completion], [rec])
+    assert result.total == [total]
+    assert result.failures == ({} if failure is None else {failure: 1})
+
+
+def test_a_coordinate_answer_is_the_wrong_kind_for_an_answer_record():
+    rec = Record("r", None, "answer", "p", None, None, ShortAnswer("12"))
+    box = Completion(Boxes((Box(0, 0, 1, 1),)), "<think>t</think>", "<answer>[0, 0, 1, 1]</answer>")
+    result = FormatReward().score([box], [rec])
+    assert result.total == [0.0] and result.failures == {"wrong_kind": 1}

@@ -34,7 +34,7 @@ from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.models.families import ARCHS
 from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.rollout.backends import build_rollout_engine
-from vlm_grpoma.rollout.engine import SamplingParams
+from vlm_grpoma.sampling import SamplingParams
 from vlm_grpoma.trainer.logprobs import path_log_probs
 
 BACKENDS = ("hf", "vllm")
@@ -258,6 +258,7 @@ def teacher_forced_mismatch(model, tree, adapter):
 def test_logprobs_equal_teacher_forced_forward(setup):
     backend, make = setup
     engine, model, adapter, prompts = make("plain")
+    # every thought truncated: the forced </think> is scored too
     params = SamplingParams(
         num_thoughts=2,
         answers_per_thought=2,
@@ -265,11 +266,43 @@ def test_logprobs_equal_teacher_forced_forward(setup):
         max_answer_tokens=5,
         seed=2,
         ignore_stop=True,
-    )  # every thought truncated: the forced </think> is scored too
+    )
     tree = engine.sample(prompts, params)
     mismatch = teacher_forced_mismatch(model, tree, adapter)
     assert mismatch.tokens == int(tree.thought_mask.sum() + tree.answer_mask.sum())
     assert mismatch.max_abs < tolerance(backend, engine), mismatch
+
+
+def test_extra_answers_after_the_thoughts_ragged_and_teacher_forced(setup):
+    """sample_answers (adaptive answers): counts[b, k] answers after thought (b, k), none elsewhere, ending
+    like phase-2 answers; merged after the first answers their log-probs are the teacher-forced ones of the
+    ragged tree, and the same seed gives the same extra answers (what an exact resume needs)."""
+    backend, make = setup
+    engine, model, adapter, prompts = make("tagged")
+    params = SamplingParams(
+        num_thoughts=3, answers_per_thought=2, max_thought_tokens=10, max_answer_tokens=6, seed=3
+    )
+    tree = engine.sample(prompts, params)
+    counts = torch.tensor([[0, 3, 1], [2, 0, 1]])
+    extra = engine.sample_answers(tree, counts, params)
+    assert extra.shape == (2, 3, 3) and torch.equal(extra.answer_counts, counts)
+    assert torch.equal(extra.answer_lengths > 0, extra.present)
+    assert torch.equal(extra.thought_ids, tree.thought_ids)
+    for b in range(2):
+        for k in range(3):
+            for m in range(3):
+                text, finish = extra.answer_texts[b][k][m], extra.answer_finish[b][k][m]
+                if extra.present[b, k, m]:
+                    assert finish == "stop" if "</answer>" in text else finish in ("stop", "length")
+                else:
+                    assert (text, finish) == ("", "stop")
+    merged = tree.with_answers(extra, width=5)
+    assert torch.equal(merged.answer_counts, counts + 2)
+    mismatch = teacher_forced_mismatch(model, merged, adapter)
+    assert mismatch.tokens == int(merged.thought_mask.sum() + merged.answer_mask.sum())
+    assert mismatch.max_abs < tolerance(backend, engine), mismatch
+    again = engine.sample_answers(tree, counts, params)
+    assert torch.equal(again.answer_ids, extra.answer_ids)
 
 
 def test_samples_follow_the_weights_after_update_weights(setup):

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 from PIL import Image
+from tree_segments import answer_segments  # tests/rollout/tree_segments.py
 
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import ModelConfig
@@ -16,8 +17,8 @@ from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.models.base import collate
 from vlm_grpoma.models.families import ARCHS
 from vlm_grpoma.models.loading import load_model
-from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.hf import HFRolloutEngine
+from vlm_grpoma.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -65,13 +66,8 @@ def tag_bias(adapter, value: float) -> dict[int, float]:
     return {adapter.tokens.think_close[-1]: value, adapter.tokens.answer_close[-1]: value}
 
 
-def test_tree_shapes_and_structure(setup):
-    model, adapter, prompts = setup
-    params = SamplingParams(
-        num_thoughts=3, answers_per_thought=2, max_thought_tokens=10, max_answer_tokens=5, seed=1
-    )
-    with logit_bias(model, tag_bias(adapter, 5.0)):
-        tree = HFRolloutEngine.for_adapter(model, adapter).sample(prompts, params)
+def check_tree_structure(tree, adapter, params) -> None:
+    """Shapes, tags, finish reasons and padding of a 2-prompt, 3-thought, 2-answer tree."""
     close = torch.tensor(adapter.tokens.think_close)
     lt = params.max_thought_tokens + len(close)
     assert tree.shape == (2, 3, 2)
@@ -100,7 +96,24 @@ def test_tree_shapes_and_structure(setup):
     lengths = tree.thought_mask.sum(-1, keepdim=True)
     assert torch.equal(tree.thought_mask, torch.arange(lt) < lengths)
     assert (tree.thought_ids[~tree.thought_mask] == tree.pad_id).all()
-    assert {"stop", "length"} <= {f for row in tree.thought_finish for f in row}
+
+
+def test_tree_shapes_and_structure(setup):
+    """Both thought endings (</think> sampled, length budget hit) are checked: seeds are tried until a tree holds
+    both, since which one a random tiny model draws depends on its (generated) vocabulary."""
+    model, adapter, prompts = setup
+    finishes: set[str] = set()
+    for seed in range(1, 9):
+        params = SamplingParams(
+            num_thoughts=3, answers_per_thought=2, max_thought_tokens=10, max_answer_tokens=5, seed=seed
+        )
+        with logit_bias(model, tag_bias(adapter, 5.0)):
+            tree = HFRolloutEngine.for_adapter(model, adapter).sample(prompts, params)
+        check_tree_structure(tree, adapter, params)
+        finishes |= {f for row in tree.thought_finish for f in row}
+        if {"stop", "length"} <= finishes:
+            break
+    assert {"stop", "length"} <= finishes
 
 
 def test_greedy_answers_with_reused_cache_equal_recomputed(setup):
@@ -150,7 +163,7 @@ def test_sampled_logprobs_equal_teacher_forced_forward(setup, sampling):
     with logit_bias(model, tag_bias(adapter, 3.0)):
         tree = HFRolloutEngine.for_adapter(model, adapter).sample(prompts, params)
         rows, owners, spans = [], [], []
-        for seg in tree.answer_segments():
+        for seg in answer_segments(tree):
             thought = tree.thought_tokens(seg.prompt_index, seg.thought_index)
             rows.append(torch.cat([seg.context, seg.tokens]).tolist())
             owners.append(seg.prompt_index)
@@ -280,3 +293,77 @@ def test_train_mode_is_restored_and_does_not_change_sampling(setup):
     finally:
         model.eval()
     assert torch.equal(reference.answer_ids, again.answer_ids)
+
+
+def test_extra_answers_continue_each_thought_and_merge_ragged(setup):
+    """sample_answers: counts[b, k] answers after thought (b, k), no others; greedy, they equal the greedy
+    answers the first phase sampled after the same thought (prefix cache or recomputed alike); merged with
+    with_answers, each thought holds its first answers then its extra ones, absent slots empty."""
+    model, adapter, prompts = setup
+    params = SamplingParams(
+        num_thoughts=3,
+        answers_per_thought=2,
+        max_thought_tokens=10,
+        max_answer_tokens=6,
+        seed=3,
+        temperature=1.0,
+        answer_temperature=0.0,
+    )
+    counts = torch.tensor([[0, 1, 3], [2, 0, 1]])
+    with logit_bias(model, tag_bias(adapter, 4.0)):
+        first = HFRolloutEngine.for_adapter(model, adapter).sample(prompts, params)
+        extra = HFRolloutEngine.for_adapter(model, adapter).sample_answers(first, counts, params)
+        recomputed = HFRolloutEngine.for_adapter(model, adapter, reuse_prefix_cache=False).sample_answers(
+            first, counts, params
+        )
+    assert extra.shape == (2, 3, 3)
+    assert torch.equal(extra.answer_counts, counts)
+    assert torch.equal(extra.answer_ids, recomputed.answer_ids)
+    assert torch.equal(extra.answer_lengths > 0, extra.present)
+    for b in range(2):
+        for k in range(3):
+            for m in range(3):
+                if m < counts[b, k]:
+                    assert torch.equal(extra.answer_ids[b, k, m], first.answer_ids[b, k, 0])
+                    assert extra.answer_texts[b][k][m] == first.answer_texts[b][k][0]
+                    torch.testing.assert_close(
+                        extra.answer_logprobs[b, k, m], first.answer_logprobs[b, k, 0], atol=1e-4, rtol=0
+                    )
+                else:
+                    assert extra.answer_texts[b][k][m] == "" and extra.answer_finish[b][k][m] == "stop"
+    merged = first.with_answers(extra, width=5)
+    assert merged.shape == (2, 3, 5)
+    assert torch.equal(merged.answer_counts, counts + 2)
+    assert torch.equal(merged.present, torch.arange(5) < (counts + 2).unsqueeze(-1))
+    assert torch.equal(merged.answer_ids[:, :, :2], first.answer_ids)
+    assert merged.answer_texts[0][2][2:] == extra.answer_texts[0][2]
+    assert merged.answer_texts[0][0][2:] == ["", "", ""]
+    assert not merged.answer_mask[~merged.present].any()
+    assert merged.select([1]).answer_counts.tolist() == [(counts[1] + 2).tolist()]
+
+
+def test_extra_sampled_answers_logprobs_equal_teacher_forced_forward(setup):
+    """Sampled extra answers record the log-probs a full forward of prompt + thought + answer gives."""
+    model, adapter, prompts = setup
+    params = SamplingParams(
+        num_thoughts=2, answers_per_thought=2, max_thought_tokens=8, max_answer_tokens=5, seed=4, top_k=30
+    )
+    counts = torch.tensor([[2, 0], [1, 3]])
+    with logit_bias(model, tag_bias(adapter, 3.0)):
+        engine = HFRolloutEngine.for_adapter(model, adapter)
+        extra = engine.sample_answers(engine.sample(prompts, params), counts, params)
+        segments = [
+            s
+            for s in answer_segments(extra)
+            if extra.present[s.prompt_index, s.thought_index, s.answer_index]
+        ]
+        assert len(segments) == int(counts.sum())
+        rows = [torch.cat([s.context, s.tokens]).tolist() for s in segments]
+        batch = collate(prompts, rows, [s.prompt_index for s in segments], adapter.tokens)
+        with torch.no_grad():
+            logp = model(**batch).logits.float().log_softmax(-1)
+    width = batch["input_ids"].shape[1]
+    for i, seg in enumerate(segments):
+        start = width - len(seg.tokens)
+        ref = logp[i, start - 1 : width - 1].gather(-1, seg.tokens[:, None]).squeeze(1)
+        torch.testing.assert_close(seg.logprobs, ref, atol=1e-4, rtol=0)

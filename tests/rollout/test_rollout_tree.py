@@ -1,14 +1,14 @@
-"""RolloutTree helpers on a hand-built tree, and SamplingParams validation."""
+"""RolloutTree helpers on a hand-built tree, and the transformers backend's logit filters."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from tree_segments import answer_segments, thought_segments  # tests/rollout/tree_segments.py
 
-from vlm_grpoma.config import RolloutConfig
 from vlm_grpoma.models.base import PromptInputs
-from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.tree import RolloutTree
+from vlm_grpoma.sampling import SamplingParams
 
 PAD = 0
 
@@ -62,7 +62,7 @@ def test_shape_flags_and_lengths(tree):
 
 
 def test_segments_pair_tokens_with_their_context(tree):
-    thoughts = list(tree.thought_segments())
+    thoughts = list(thought_segments(tree))
     assert [(s.prompt_index, s.thought_index, s.answer_index) for s in thoughts] == [
         (0, 0, None),
         (0, 1, None),
@@ -71,7 +71,7 @@ def test_segments_pair_tokens_with_their_context(tree):
     ]
     assert thoughts[3].context.tolist() == [4, 5] and thoughts[3].tokens.tolist() == [15, 16, 17, 99]
     assert torch.equal(thoughts[3].logprobs, -thoughts[3].tokens.float())
-    answers = list(tree.answer_segments())
+    answers = list(answer_segments(tree))
     assert len(answers) == 8
     seg = answers[2]  # b=0, k=1, m=0
     assert (seg.prompt_index, seg.thought_index, seg.answer_index) == (0, 1, 0)
@@ -81,19 +81,6 @@ def test_segments_pair_tokens_with_their_context(tree):
 
 def test_completions_join_thought_and_answer(tree):
     assert tree.completions()[1][0] == ["t2a4", "t2a5"]
-
-
-def test_sampling_params_validation_and_config():
-    with pytest.raises(ValueError, match="top_p"):
-        SamplingParams(top_p=0.0)
-    with pytest.raises(ValueError, match="answers_per_thought"):
-        SamplingParams(answers_per_thought=0)
-    params = SamplingParams.from_config(
-        RolloutConfig(num_thoughts=8, answers_per_thought=2, temperature=0.7), seed=3
-    )
-    assert (params.num_thoughts, params.answers_per_thought, params.seed) == (8, 2, 3)
-    assert params.phase2_temperature == 0.7
-    assert SamplingParams(temperature=1.0, answer_temperature=0.0).phase2_temperature == 0.0
 
 
 def test_filter_logits_matches_a_reference():
@@ -138,7 +125,49 @@ def test_select_and_concatenate_keep_every_part_aligned(tree):
 def test_tempered_log_prob_temperature_follows_the_phase():
     params = SamplingParams(temperature=0.7, answer_temperature=0.0, tempered_logprobs=True)
     assert params.logprob_temperature(params.temperature) == 0.7
-    assert (
-        params.logprob_temperature(params.phase2_temperature) == 1.0
-    )  # greedy has no distribution of its own
+    # greedy has no distribution of its own
+    assert params.logprob_temperature(params.phase2_temperature) == 1.0
     assert SamplingParams(temperature=0.7).logprob_temperature(0.7) == 1.0  # raw log-probs
+
+
+def test_with_answers_puts_present_answers_first_and_carries_the_mask(tree):
+    """Extra answers (2, 0, 1, 3 after the four thoughts) join each thought's answers, in slot order after its
+    own; select and concatenate keep the mask; extra answers after other thoughts are refused."""
+    from vlm_grpoma.rollout.tree import answers_at
+
+    slots = [(0, 0), (0, 1), (2, 0), (3, 0), (3, 1), (3, 2)]
+    ids = torch.tensor(
+        [[201, 202, 0, 0], [203, 0, 0, 0], [204, 0, 0, 0], [205, 0, 0, 0], [206, 0, 0, 0], [207, 0, 0, 0]]
+    )
+    mask = ids != 0
+    extra = answers_at(
+        tree,
+        slots,
+        3,
+        ids=ids,
+        mask=mask,
+        logprobs=-ids.float() * mask,
+        finish=["stop"] * 6,
+        texts=[f"e{i}" for i in range(6)],
+    )
+    assert torch.equal(extra.answer_counts, torch.tensor([[2, 0], [1, 3]]))
+    merged = tree.with_answers(extra, width=5)
+    assert merged.shape == (2, 2, 5)
+    assert torch.equal(merged.answer_counts, torch.tensor([[4, 2], [3, 5]]))
+    assert torch.equal(merged.present, torch.arange(5) < merged.answer_counts.unsqueeze(-1))
+    assert merged.answer_texts[0][0] == ["a0", "a1", "e0", "e1", ""]
+    assert merged.answer_texts[1][1] == ["a6", "a7", "e3", "e4", "e5"]
+    assert merged.answer_tokens(0, 0, 0).tolist() == [101] and merged.answer_tokens(0, 0, 2).tolist() == [
+        201,
+        202,
+    ]
+    assert merged.answer_tokens(0, 1, 2).tolist() == [] and merged.answer_finish[0][1][2] == "stop"
+    real = merged.answer_mask
+    assert torch.equal(merged.answer_logprobs[real], -merged.answer_ids[real].float())
+    both = RolloutTree.concatenate([merged.select([1]), merged.select([0])])
+    assert torch.equal(both.answer_counts, torch.tensor([[3, 5], [4, 2]]))
+    assert RolloutTree.concatenate([tree, tree]).answer_present is None
+    with pytest.raises(ValueError, match="sampled after other thoughts"):
+        tree.select([1, 0]).with_answers(extra, width=5)
+    with pytest.raises(ValueError, match="more than 4 answers"):
+        tree.with_answers(extra, width=4)

@@ -7,15 +7,18 @@ backend cannot run. The real engine runs in ``test_backend_contract.py`` and ``t
 from __future__ import annotations
 
 import copy
+import importlib
 import random
+import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file
+from tree_segments import answer_segments  # tests/rollout/tree_segments.py
 
 from vlm_grpoma.algorithm.diagnostics import logprob_mismatch
 from vlm_grpoma.answers import Box, Boxes
@@ -24,31 +27,28 @@ from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import ConfigError, MissingDependencyError
 from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.rollout.backends import GatheredHFRollout, build_rollout_engine
-from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.hf import HFRolloutEngine
-from vlm_grpoma.rollout.vllm import (
-    CPU_BLOCK_SIZE,
-    RequestBuilder,
+from vlm_grpoma.rollout.vllm.engine import VLLMRolloutEngine
+from vlm_grpoma.rollout.vllm.options import CPU_BLOCK_SIZE, VLLMOptions, context_length, engine_arguments
+from vlm_grpoma.rollout.vllm.outputs import (
     Sampled,
-    VLLMBuild,
-    VLLMOptions,
-    VLLMRolloutEngine,
     assemble_tree,
-    banned_words,
     check_expansion,
     close_thought,
-    collapse_image_placeholders,
-    context_length,
-    engine_arguments,
     first_stop,
     forced_logprobs,
-    merged_weights,
     read_completion,
-    request_seed,
     sampled_logprobs,
-    stack_problems,
-    vllm_weight_name,
 )
+from vlm_grpoma.rollout.vllm.requests import (
+    RequestBuilder,
+    banned_words,
+    collapse_image_placeholders,
+    request_seed,
+)
+from vlm_grpoma.rollout.vllm.stack import VLLMBuild, stack_problems
+from vlm_grpoma.rollout.vllm.weights import merged_weights, vllm_weight_name
+from vlm_grpoma.sampling import SamplingParams
 
 # -- vLLM-shaped outputs (field names as in vllm/outputs.py and vllm/logprobs.py of vLLM 0.33) --------------
 
@@ -332,7 +332,7 @@ def test_assemble_tree_pads_to_the_budgets(loaded):
         0.0,
     ]
     assert tree.thought_texts[0][0] == tok.decode([10, *close], skip_special_tokens=True)
-    segments = list(tree.answer_segments())
+    segments = list(answer_segments(tree))
     assert len(segments) == 12 and segments[-1].context.tolist() == prompts[1].input_ids.tolist() + [
         11,
         12,
@@ -681,6 +681,11 @@ def test_engine_arguments_agree_across_platforms_except_the_cpu_branches(loaded)
     )
     assert long["max_num_batched_tokens"] == 32768 and long["max_model_len"] is None
     assert cuda["kv_cache_memory_bytes"] == 2**29 and cuda["logprobs_mode"] == "raw_logprobs"
+    tempered = replace(options, tempered_logprobs=True)
+    assert (
+        engine_arguments("ckpt", adapter, tempered, "cpu", seed=3, trust_remote_code=False)["logprobs_mode"]
+        == "processed_logprobs"
+    )
     assert cuda["distributed_executor_backend"] == "external_launcher" and cuda["seed"] == 3
     assert cuda["mm_processor_kwargs"] == {
         "size": {"shortest_edge": adapter.min_pixels, "longest_edge": adapter.max_pixels}
@@ -761,7 +766,7 @@ def test_stack_problems_name_each_departure_from_the_known_good_sets():
     ]
 
 
-def test_engine_options_come_from_the_config():
+def test_engine_options_come_from_the_config(loaded):
     from vlm_grpoma.config import load_config
 
     config = load_config(
@@ -780,7 +785,65 @@ def test_engine_options_come_from_the_config():
         options.block_size,
         options.kv_cache_gib,
     ) == (0.5, 2, True, 4096, False, 64, 1.5)
+    assert VLLMOptions.from_config(config.rollout.vllm, dtype="float32").dtype == "float32"
     defaults = VLLMOptions.from_config(load_config().rollout.vllm)
-    assert defaults.max_model_len is defaults.block_size is defaults.kv_cache_gib is None
+    # the config's 0 ("unset") leaves the context length, KV block and KV cache size to vLLM
+    arguments = engine_arguments("ckpt", loaded[1].adapter, defaults, "cuda", seed=0, trust_remote_code=False)
+    assert arguments["max_model_len"] is None
+    assert "block_size" not in arguments and "kv_cache_memory_bytes" not in arguments
     with pytest.raises(ConfigError, match="rollout.vllm.kv_cache_gib"):
         load_config(overrides=["rollout.vllm.kv_cache_gib=-1"])
+
+
+def test_the_stack_report_loads_neither_the_engine_nor_vllm():
+    """``vlm-grpoma env`` reads the vLLM stack from package metadata: of the backend only ``stack`` loads."""
+    code = (
+        "import sys; from vlm_grpoma import env_report; env_report._vllm_status(cuda=False); "
+        "print(sorted(m for m in sys.modules if m.startswith(('vlm_grpoma.rollout', 'vllm'))))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded_modules = result.stdout.strip().splitlines()[-1]
+    assert loaded_modules == str(
+        ["vlm_grpoma.rollout", "vlm_grpoma.rollout.vllm", "vlm_grpoma.rollout.vllm.stack"]
+    )
+
+
+def test_the_package_exports_resolve_to_their_modules():
+    import vlm_grpoma.rollout.vllm as package
+
+    for name, module in package.EXPORTS.items():
+        assert getattr(package, name) is getattr(
+            importlib.import_module(f"{package.__name__}.{module}"), name
+        )
+    with pytest.raises(AttributeError, match="has no attribute 'Counted'"):
+        package.Counted  # noqa: B018 - internal names are not exported
+
+
+@pytest.mark.parametrize(
+    "temperature,choice,tempered",
+    [(1.0, "sampling", False), (0.0, "sampling", False), (0.7, "sampling", True), (0.7, "raw", False)],
+)
+def test_the_vllm_engine_records_tempered_log_probs_only_where_raw_ones_are_not_them(
+    temperature, choice, tempered, monkeypatch
+):
+    """At T = 1 (or greedy) raw log-probs are exactly the tempered ones; only other temperatures need vLLM's
+    processed log-probs."""
+    captured = {}
+
+    class Engine:
+        @staticmethod
+        def create(checkpoint, adapter, options, **kwargs):
+            captured["options"] = options
+            return Engine()
+
+        def update_weights(self, model):
+            return 0
+
+    import vlm_grpoma.rollout.vllm as vllm_package
+
+    config = Config()
+    config.rollout.backend, config.rollout.temperature = "vllm", temperature
+    config.algorithm.logprob_temperature = choice
+    monkeypatch.setattr(vllm_package, "VLLMRolloutEngine", Engine)
+    build_rollout_engine(config, torch.nn.Linear(2, 2), None)
+    assert captured["options"].tempered_logprobs is tempered

@@ -21,7 +21,7 @@ from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import ConfigError
 from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.rollout.backends import build_rollout_engine
-from vlm_grpoma.rollout.engine import SamplingParams
+from vlm_grpoma.sampling import SamplingParams
 from vlm_grpoma.trainer.logprobs import path_log_probs
 
 pytestmark = [
@@ -123,9 +123,8 @@ def test_phase_two_reads_the_prefix_cache_at_our_prompt_lengths(prompts_and_mode
     thought = PARAMS.max_thought_tokens + len(loaded.adapter.tokens.think_close)
     lengths = [len(p.input_ids) + thought for p in prompts for _ in range(PARAMS.num_thoughts)]
     assert engine.stats["answer_prompt_tokens"] == sum(lengths)
-    assert engine.stats["answer_cached_tokens"] == sum(
-        (n - 1) // 32 * 32 for n in lengths
-    )  # last token: computed
+    # last token: computed
+    assert engine.stats["answer_cached_tokens"] == sum((n - 1) // 32 * 32 for n in lengths)
     assert engine.stats["answer_cached_tokens"] > 1.3 * sum(n // 128 * 128 for n in lengths)
     recompute = replace(engine, options=replace(engine.options, reuse_prefix_cache=False))
     recompute.sample(prompts, PARAMS)
@@ -188,3 +187,32 @@ def test_a_rollout_larger_than_one_engine_step(prompts_and_model, engine):
     assert torch.equal(first.answer_ids, second.answer_ids) and torch.equal(
         first.thought_ids, second.thought_ids
     )
+
+
+def test_extra_answers_continue_the_thoughts_from_the_prefix_cache(prompts_and_model, engine):
+    """sample_answers (adaptive answers): counts[b, k] answers after thought (b, k) only, their prompts read
+    from the prefix cache of phase 2, their log-probs the trainer's teacher-forced ones on the ragged tree."""
+    _, loaded, prompts = prompts_and_model
+    engine.update_weights(loaded.model)
+    params = replace_params(answers_per_thought=2)
+    tree = engine.sample(prompts, params)
+    counts = torch.tensor([[0, 3], [1, 0], [2, 2]])
+    extra = engine.sample_answers(tree, counts, replace_params(seed=7))
+    assert extra.shape == (3, 2, 3) and torch.equal(extra.answer_counts, counts)
+    assert torch.equal(extra.answer_lengths == PARAMS.max_answer_tokens, extra.present)  # ignore_stop
+    thought = PARAMS.max_thought_tokens + len(loaded.adapter.tokens.think_close)
+    lengths = [len(p.input_ids) + thought for b, p in enumerate(prompts) for k in range(2) if counts[b, k]]
+    assert engine.stats["answer_prompt_tokens"] == sum(lengths)
+    assert engine.stats["answer_cached_tokens"] == sum((n - 1) // 32 * 32 for n in lengths)
+    merged = tree.with_answers(extra, width=5)
+    assert torch.equal(merged.answer_counts, counts + 2)
+    with torch.no_grad():
+        logp = path_log_probs(loaded.model, merged, [0, 1, 2], loaded.adapter.tokens)
+    mismatch = logprob_mismatch([(logp.answer, merged.answer_logprobs, merged.answer_mask)])
+    assert mismatch.tokens == int(merged.answer_mask.sum()) and mismatch.max_abs < 1e-4
+
+
+def replace_params(**changes):
+    from dataclasses import replace
+
+    return replace(PARAMS, **changes)

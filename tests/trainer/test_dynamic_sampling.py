@@ -70,16 +70,19 @@ def test_a_step_is_filled_with_informative_prompts_when_half_are_constant(make_c
     batch, metrics = trainer._step_batch(PhaseTimer())
     assert batch.size == 4  # train.prompts_per_step
     assert not any(constant_record(r.id) for r in batch.records)
-    assert informative_prompts(batch.rewards) == [0, 1, 2, 3]
+    assert informative_prompts(batch.scored.rewards) == [0, 1, 2, 3]
     assert metrics["groups/refill_rounds"] >= 1
     assert 0 < metrics["groups/filtered_fraction"] < 1
     assert trainer.sampler.position + trainer.sampler.epoch * 16 == 4 * (1 + metrics["groups/refill_rounds"])
     # the batch's parts stay aligned: the reward of each kept answer is its record's
     per_prompt = 4
     for b, record in enumerate(batch.records):
-        kept = batch.result.total[b * per_prompt : (b + 1) * per_prompt]
-        assert kept == pytest.approx(batch.rewards[b].flatten().tolist())
+        kept = batch.scored.result.total[b * per_prompt : (b + 1) * per_prompt]
+        assert kept == pytest.approx(batch.scored.rewards[b].flatten().tolist())
         assert batch.tree.prompts[b].record.id == record.id
+        assert all(
+            c.thought_text in batch.tree.thought_texts[b] for c in batch.scored.completions[b * 4 : b * 4 + 4]
+        )
     trainer.engine.close()
 
 

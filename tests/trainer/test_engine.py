@@ -104,9 +104,8 @@ def test_gradient_and_update_equal_plain_torch(stage, checkpointing, make_config
 
     micro_loss(reference, ids, batch_rows=4).backward()
     ref_grads = {n: p.grad for n, p in reference.named_parameters() if p.requires_grad}
-    assert grads.keys() == ref_grads.keys() and not any(
-        "visual" in n for n in grads
-    )  # vision frozen by default
+    # vision frozen by default
+    assert grads.keys() == ref_grads.keys() and not any("visual" in n for n in grads)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, ref_grads[name], rtol=1e-5, atol=1e-7, msg=name)
     ref_norm = torch.nn.utils.clip_grad_norm_(list(ref_grads_params(reference)), max_norm=0.5)

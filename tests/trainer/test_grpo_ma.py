@@ -82,9 +82,8 @@ def test_trains_k4_m4_with_finite_metrics_and_changes_weights(make_config, data_
         # the transformers rollout samples from the policy being trained: its log-probs are the trainer's
         assert metrics["rollout/logp_mismatch_mean"] < 1e-4
     assert history[0]["train/gss_running"] == pytest.approx(1.0)
-    assert (
-        "train/gss10_count" not in history[0] and history[-1]["train/gss10_count"] == 0.0
-    )  # the run's, at its end
+    # the run's, at its end
+    assert "train/gss10_count" not in history[0] and history[-1]["train/gss10_count"] == 0.0
     assert any(not torch.equal(before[n], after[n]) for n in before)
     lines = trainer.config.logging.output_dir + "/metrics.jsonl"
     logged = [json.loads(line) for line in open(lines)]
@@ -97,9 +96,8 @@ def test_m1_runs_as_plain_grpo(make_config, data_path):
     )
     metrics = trainer.train()[0]
     assert math.isfinite(metrics["loss/total"]) and metrics["train/skipped_steps"] == 0
-    assert (
-        metrics["variance/thought_adv_estimate"] != metrics["variance/thought_adv_estimate"]
-    )  # NaN: needs M>=2
+    # NaN: needs M>=2
+    assert metrics["variance/thought_adv_estimate"] != metrics["variance/thought_adv_estimate"]
 
 
 def test_second_policy_epoch_logs_low_and_high_clipping(make_config, data_path):
@@ -199,7 +197,7 @@ def test_repeated_updates_on_a_fixed_batch_raise_the_advantage_weighted_likeliho
     trainer = GRPOMATrainer(make_config(*overrides(data_path, "optim.learning_rate=3e-3")))
     records = trainer.records[:4]
     tree = trainer._rollout(records)
-    _, rewards, _ = score_tree(tree, records, trainer.adapter, trainer.rewards)
+    rewards = score_tree(tree, records, trainer.adapter, trainer.rewards).rewards
     assert rewards.std() > 0
     advantages = rewards - rewards.mean(dim=(1, 2), keepdim=True)
 
@@ -244,7 +242,8 @@ def test_held_out_evaluation_matches_an_independent_greedy_decode(make_config, d
     """eval/<set>/* before step 1, every train.eval_every steps and after the last, equal to greedy decoding
     with the evaluation module's engine scored by the same reward."""
     from vlm_grpoma.datasets.jsonl import read_records
-    from vlm_grpoma.eval.grounding import generate_predictions, sampling_params
+    from vlm_grpoma.eval.grounding import generate_predictions
+    from vlm_grpoma.sampling import SamplingParams
 
     held_out = generate_shapes("detection", 5, tmp_path / "held_out", seed=3, split="test", config=EASY)
     config = make_config(
@@ -262,7 +261,7 @@ def test_held_out_evaluation_matches_an_independent_greedy_decode(make_config, d
         trainer.engine.module,
         trainer.adapter,
         records,
-        sampling_params(config.rollout, True, 1, config.seed),
+        SamplingParams.from_config(config.rollout, config.seed, greedy=True),
         batch_size=2,
     )
     expected = sum(min(len(p.answer_text), 40) / 40 for p in predictions) / len(records)
@@ -283,11 +282,11 @@ def test_held_out_evaluation_matches_an_independent_greedy_decode(make_config, d
 
 
 def test_held_out_set_without_the_training_task_is_one_line_error(make_config, data_path, tmp_path):
-    from vlm_grpoma.errors import CommandError
+    from vlm_grpoma.errors import DataError
 
     other = generate_shapes("trajectory", 2, tmp_path / "traj", seed=0, config=EASY)
     with pytest.raises(
-        CommandError, match=r"^data\.eval_sets\.val: .* has no detection records \(data\.task\)$"
+        DataError, match=r"^data\.eval_sets\.val: .* has no detection records \(data\.task\)$"
     ):
         GRPOMATrainer(
             make_config(*overrides(data_path, "train.eval_every=1", f"data.eval_sets={{val: {other}}}"))
@@ -298,7 +297,8 @@ def test_evaluation_shards_make_equal_rollout_calls_and_add_up_to_one_rank(make_
     """ZeRO-3 gathers parameters around every rollout call, so every rank must make the same calls: shards are
     padded, and the padding is not counted. Two ranks' sums must equal a one-rank evaluation."""
     from vlm_grpoma.datasets.jsonl import read_records
-    from vlm_grpoma.trainer.evaluation import EvalSet, evaluate_sets, greedy_params
+    from vlm_grpoma.sampling import SamplingParams
+    from vlm_grpoma.trainer.evaluation import EvalSet, evaluate_sets
 
     held_out = generate_shapes("detection", 5, tmp_path / "held_out", seed=3, split="test", config=EASY)
     trainer = GRPOMATrainer(make_config(*overrides(data_path)))
@@ -319,7 +319,7 @@ def test_evaluation_shards_make_equal_rollout_calls_and_add_up_to_one_rank(make_
             counting,
             trainer.adapter,
             trainer.rewards,
-            greedy_params(trainer.config),
+            SamplingParams.from_config(trainer.config.rollout, trainer.config.seed, greedy=True),
             rank=rank,
             world_size=world,
             batch_size=2,

@@ -120,10 +120,10 @@ def test_completion_samples_show_each_thought_before_a_second_answer():
         answer_texts=[
             [[f"a{b}{k}{m}" for m in range(m_count)] for k in range(k_count)] for b in range(b_count)
         ],
+        present=torch.ones(b_count, k_count, m_count, dtype=torch.bool),
     )
-    flat = [
-        f"{b}{k}{m}" for b in range(b_count) for k in range(k_count) for m in range(m_count)
-    ]  # score_tree order
+    # score_tree order
+    flat = [f"{b}{k}{m}" for b in range(b_count) for k in range(k_count) for m in range(m_count)]
     result = RewardResult([float(i) for i in range(len(flat))], {"iou": [i / 10 for i in range(len(flat))]})
     parsed = torch.ones(b_count, k_count, m_count, dtype=torch.bool)
     parsed[0, 1, 0] = False
@@ -134,4 +134,8 @@ def test_completion_samples_show_each_thought_before_a_second_answer():
         index = flat.index(s["answer"][1:])
         assert s["reward"] == float(index) and s["rewards"] == {"iou": index / 10}
     assert [s["parsed"] for s in samples] == [True, False, True, True]
+    tree.present[0, 1, 0] = tree.present[0, 2, 1] = False  # a ragged tree: absent slots are no samples
+    samples = completion_samples(tree, records, result, parsed, 4)
+    assert [s["answer"] for s in samples] == ["a000", "a020", "a001", "a011"]
+    assert all(s["reward"] == float(flat.index(s["answer"][1:])) for s in samples)
     assert samples[0]["thought"] == "t00" and samples[0]["record"] == "r0"

@@ -8,8 +8,8 @@ from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import ModelConfig
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.models.loading import load_model
-from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.hf import HFRolloutEngine
+from vlm_grpoma.sampling import SamplingParams
 from vlm_grpoma.trainer.logprobs import path_log_probs, token_log_probs
 
 

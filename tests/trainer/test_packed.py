@@ -6,12 +6,12 @@ from PIL import Image
 
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import ModelConfig
-from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.datasets.schema import Record, ShortAnswer
 from vlm_grpoma.models.attention import BLOCK_MASK_ATTENTION
 from vlm_grpoma.models.loading import load_model
-from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.hf import HFRolloutEngine
 from vlm_grpoma.rollout.tree import RolloutTree
+from vlm_grpoma.sampling import SamplingParams
 from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
 from vlm_grpoma.trainer.packed import allowed, block_mask, pack, shared_prefix_log_probs
 
@@ -133,6 +133,41 @@ def test_sampled_tree_with_truncated_thoughts_matches_naive(arch, tiny_model_dir
     with torch.no_grad():  # and the recorded sampling log-probs, as the naive pass reproduces them
         shared = shared_prefix_log_probs(model, tree, [0, 1, 2], adapter.tokens)
     torch.testing.assert_close(shared.answer, tree.answer_logprobs * tree.answer_mask, atol=1e-4, rtol=0)
+
+
+def _answer_prompts(adapter, folder, pictured: bool):
+    """Short-answer prompts of different lengths: text-only, or with a pictured one between two text-only."""
+    Image.new("RGB", (90, 70), (10, 200, 90)).save(folder / "a.png")
+    text = [
+        Record(f"t{i}", None, "answer", "What is 2+3" + " plus 4" * i + "?", None, None, ShortAnswer("5"))
+        for i in range(2)
+    ]
+    image = Record("p", str(folder / "a.png"), "answer", "How many squares?", 90, 70, ShortAnswer("1"))
+    prompts = adapter.build_inputs([text[0], image, text[1]] if pictured else text)
+    assert [p.pixel_values is not None for p in prompts] == (
+        [False, True, False] if pictured else [False] * 2
+    )
+    return prompts
+
+
+@pytest.mark.parametrize("pictured", [False, True], ids=["text-only", "mixed"])
+def test_answer_prompts_text_only_and_mixed_match_naive(arch, pictured, tiny_model_dir, tmp_path):
+    """No pixel inputs for text-only rows; in a mixed batch the pictured prompt's image stays its own."""
+    model, adapter = _load(tiny_model_dir, arch, lora=False)
+    if not pictured:  # text-only rows never reach the vision tower: it has no gradient to compare
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad_(".visual." not in f".{name}")
+        assert any(not p.requires_grad for p in model.parameters())
+    prompts = _answer_prompts(adapter, tmp_path, pictured)
+    tree = _ragged_tree(prompts, adapter.tokens, seed=4)
+    assert (pack(model, tree, [0], adapter.tokens).pixel_values is None) and (
+        (pack(model, tree, range(len(prompts)), adapter.tokens).pixel_values is not None) is pictured
+    )
+    _assert_same(model, tree, list(range(len(prompts))), adapter.tokens)
+    if pictured:  # the pictured prompt's rows next to text-only ones score as in a batch of their own
+        alone = shared_prefix_log_probs(model, tree, [1], adapter.tokens)
+        together = shared_prefix_log_probs(model, tree, [0, 1, 2], adapter.tokens)
+        torch.testing.assert_close(together.answer[1], alone.answer[0], atol=1e-5, rtol=0)
 
 
 def test_eager_attention_matches_naive(tiny_model_dir, tmp_path):

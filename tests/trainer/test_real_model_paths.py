@@ -177,13 +177,14 @@ def test_the_same_seed_gives_the_same_step_in_two_processes(tiny_model_dir, tmp_
     tree, the metrics and the trained weights are bit-identical."""
     path = tiny_model_dir("qwen2_5_vl")
     data = generate_shapes("detection", 4, tmp_path / "data", seed=0, config=EASY)
+    # this process's group
     rank_variables = (
         "RANK",
         "WORLD_SIZE",
         "LOCAL_RANK",
         "MASTER_ADDR",
         "MASTER_PORT",
-    )  # this process's group
+    )
     env = {k: v for k, v in os.environ.items() if k not in rank_variables}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     runs = []

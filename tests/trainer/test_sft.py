@@ -6,9 +6,12 @@ import math
 
 import pytest
 
+from vlm_grpoma.answers import TextAnswer
 from vlm_grpoma.config import ModelConfig
 from vlm_grpoma.datasets.jsonl import read_records
+from vlm_grpoma.datasets.schema import Record, ShortAnswer
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
+from vlm_grpoma.models.families import ARCHS
 from vlm_grpoma.models.registry import load_adapter
 from vlm_grpoma.trainer.sft import SFTTrainer, reference_answer, target_text
 
@@ -33,6 +36,27 @@ def _coords(answer):
     if hasattr(answer, "boxes"):
         return [v for b in answer.boxes for v in (b.x1, b.y1, b.x2, b.y2)]
     return [v for point in answer.points for v in point]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_answer_target_is_the_reference_thought_then_the_answer_text(arch, tiny_model_dir):
+    """A short-answer record's target: its meta thought (else one naming the answer), then the answer itself,
+    written as the model must (the prompt may have opened the thought) and parsed back to the ground truth."""
+    adapter = load_adapter(ModelConfig(name_or_path=str(tiny_model_dir(arch))))
+    thought = adapter.thought
+    truth = ShortAnswer("12", "numeric")
+    stepwise = Record("a", None, "answer", "Compute: 7 +5", None, None, truth, meta={"thought": "7+5=12"})
+    bare = Record("b", None, "answer", "Capital of France?", None, None, ShortAnswer("Paris"))
+    assert target_text(adapter, stepwise) == thought.completion("7+5=12", "12")
+    assert target_text(adapter, bare) == thought.completion("The answer is Paris.", "Paris")
+    for record in (stepwise, bare):
+        text = thought.full_text(target_text(adapter, record))
+        assert text.startswith("<think>") and text.endswith(f"<answer>{record.ground_truth.answer}</answer>")
+        assert (
+            adapter.parse_answer(text, record)
+            == reference_answer(record)
+            == TextAnswer(record.ground_truth.answer)
+        )
 
 
 def test_affordance_reference_point_lies_in_the_mask(tmp_path):

@@ -14,8 +14,8 @@ from vlm_grpoma.config import AlgorithmConfig, ModelConfig
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 from vlm_grpoma.models.loading import load_model
-from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.hf import HFRolloutEngine
+from vlm_grpoma.sampling import SamplingParams
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
 from vlm_grpoma.trainer.logprobs import ScoringOptions, path_log_probs
 from vlm_grpoma.trainer.packed import shared_prefix_log_probs

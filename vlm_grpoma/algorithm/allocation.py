@@ -91,3 +91,13 @@ def allocate_answers(
         tie_key = (counts.double() * thoughts + order).masked_fill(gain < best, torch.inf)
         counts[rows, tie_key.argmin(dim=-1)] += 1
     return counts
+
+
+def predicted_variance_ratio(variance: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``[B]`` float64 ``Σ_k σ̂_k²/M_k`` of the realised allocation ``counts [B, K]`` over the same sum at the
+    uniform split ``M_k = Σ_k M_k / K`` (Jensen: ≤ 1 for Neyman's allocation); NaN where every σ̂_k² is 0."""
+    variance, counts = variance.double(), counts.double()
+    uniform = counts.sum(-1, keepdim=True) / counts.shape[-1]
+    realised = (variance / counts.clamp(min=1.0)).sum(-1)
+    baseline = (variance / uniform.clamp(min=1.0)).sum(-1)
+    return (realised / baseline).where(baseline > 0, torch.nan)

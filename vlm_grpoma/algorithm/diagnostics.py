@@ -80,16 +80,23 @@ class GradientSpikeTracker:
             setattr(self, key, list(value) if key == "norms" else value)
 
 
-def thought_advantage_variance(rewards: torch.Tensor) -> torch.Tensor:
+def thought_advantage_variance(
+    rewards: torch.Tensor, answer_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-prompt estimate ``[B]`` of the answer-sampling variance of the thought advantages, averaged over K.
 
     Plugs the within-thought variances s_k² and the between-thought variance of the true values
     (τ² = Var_k(V̂_k) − mean(s²)/M, clipped at 0) into the large-K limit ``mean_k s_k² / (M·τ² + mean s²)``.
     (A bootstrap over answers was tried and rejected: resampling inflates the denominator's spread too and
     underestimates by 20–30 % at M ≤ 8.) Needs M ≥ 2; returns NaN for M = 1, where nothing measures it.
+
+    A ragged tree (``answer_mask [B, K, M]``, M_k answers for thought k, each ≥ 2) uses each thought's own
+    ``s_k² / M_k``: ``mean_k(s_k²/M_k) / (τ² + mean_k(s_k²/M_k))``, the same number when every M_k = M.
     """
     if rewards.dim() != 3:
         raise ValueError(f"rewards must have shape [B, K, M], got {tuple(rewards.shape)}")
+    if answer_mask is not None and not bool(answer_mask.all()):
+        return _ragged_thought_advantage_variance(rewards.double(), answer_mask)
     rewards = rewards.double()
     batch, _, answers = rewards.shape
     if answers < 2:
@@ -98,6 +105,17 @@ def thought_advantage_variance(rewards: torch.Tensor) -> torch.Tensor:
     between = (rewards.mean(dim=-1).var(dim=-1) - within / answers).clamp(min=0.0)
     denominator = answers * between + within
     return torch.where(denominator > 0, within / denominator.clamp(min=1e-300), torch.zeros_like(within))
+
+
+def _ragged_thought_advantage_variance(rewards: torch.Tensor, answer_mask: torch.Tensor) -> torch.Tensor:
+    """:func:`thought_advantage_variance` of a ragged tree: the thoughts' own answer counts."""
+    counts = answer_mask.sum(-1).double()
+    mean = rewards.where(answer_mask, 0.0).sum(-1) / counts.clamp(min=1.0)
+    squares = ((rewards - mean.unsqueeze(-1)).where(answer_mask, 0.0) ** 2).sum(-1)
+    noise = (squares / (counts - 1.0).clamp(min=1.0) / counts.clamp(min=1.0)).mean(-1)  # mean_k s_k² / M_k
+    between = (mean.var(dim=-1) - noise).clamp(min=0.0)
+    denominator = between + noise
+    return torch.where(denominator > 0, noise / denominator.clamp(min=1e-300), torch.zeros_like(noise))
 
 
 @dataclass(frozen=True)

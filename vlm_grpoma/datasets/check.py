@@ -59,6 +59,8 @@ def _decoded_size(path: str, cache: dict[str, tuple[int, int] | ImageLoadError])
 def check_record_files(record: Record, cache: dict[str, Any] | None = None) -> None:
     """Raise ImageLoadError unless the record's image (and mask) decode, match its size and are usable."""
     cache = {} if cache is None else cache
+    if record.image is None:  # a text-only record has no file to check
+        return
     try:
         width, height = _decoded_size(record.image, cache)
     except ImageLoadError as err:

@@ -149,6 +149,8 @@ def image_size(path: str | Path, record_id: str | None = None) -> tuple[int, int
 
 def check_image(record: Record) -> None:
     """Raise ImageLoadError unless the record's image exists and has the record's width/height (cheap)."""
+    if record.image is None:  # text-only
+        return
     _check_size(image_size(record.image, record.id), record, record.image, "image")
 
 
@@ -261,7 +263,7 @@ def image_problems(
     ``cache_key`` (e.g. the records file's path) keeps the results of unchanged files for the next load.
     """
     paths = sorted(
-        {r.image for r in records}
+        {r.image for r in records if r.image is not None}
         | {r.ground_truth.path for r in records if isinstance(r.ground_truth, MaskRef)}
     )
     with _checks_cache(cache_key) as cache:
@@ -283,6 +285,8 @@ def image_problems(
                         cache[path] = stamp + result
     problems = {}
     for index, record in enumerate(records):
+        if record.image is None:  # text-only: no file to open
+            continue
         problem = _size_problem(found[record.image], record, "image")
         if problem is None and isinstance(record.ground_truth, MaskRef):
             problem = _size_problem(found[record.ground_truth.path], record, "mask")

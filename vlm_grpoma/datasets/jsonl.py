@@ -28,7 +28,16 @@ from typing import Any
 
 from vlm_grpoma.answers import Box, Boxes, ContactAction, Points, Trajectory
 from vlm_grpoma.datasets.images import image_problems
-from vlm_grpoma.datasets.schema import TASKS, GroundTruth, MaskRef, Record, record_to_json
+from vlm_grpoma.datasets.schema import (
+    MATCHERS,
+    TASKS,
+    TEXT_TASKS,
+    GroundTruth,
+    MaskRef,
+    Record,
+    ShortAnswer,
+    record_to_json,
+)
 from vlm_grpoma.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -39,8 +48,10 @@ GROUND_TRUTH_OF_TASK: dict[str, tuple[str, ...]] = {
     "affordance": ("mask", "boxes", "points"),
     "trajectory": ("trajectory",),
     "manipulation": ("contact_action",),
+    "answer": ("answer",),
 }
-_REQUIRED = ("id", "image", "task", "prompt", "width", "height", "ground_truth")
+_REQUIRED = ("id", "task", "prompt", "ground_truth")
+_IMAGE_FIELDS = ("image", "width", "height")
 _OPTIONAL = ("split", "meta")
 #: Deepest nesting of arrays/objects accepted in a JSON value (a record needs 5 levels).
 MAX_JSON_DEPTH = 64
@@ -207,10 +218,35 @@ def _resolve(path: str, base_dir: Path) -> str:
     return os.path.normpath(os.path.join(base_dir, path))
 
 
-def parse_ground_truth(value: Any, task: str, width: int, height: int, base_dir: Path) -> GroundTruth:
+def _short_answer(value: dict) -> ShortAnswer:
+    """``{"answer": "55", "matcher": "numeric", "tolerance": 0.01}``, matcher and tolerance optional."""
+    unknown = sorted(set(value) - {"answer", "matcher", "tolerance"})
+    if unknown:
+        raise _FieldError(f"ground_truth.{unknown[0]}", 'unknown key (use "answer", "matcher", "tolerance")')
+    answer = value.get("answer")
+    if not isinstance(answer, str) or not answer.strip():
+        raise _FieldError("ground_truth.answer", f"must be a non-empty string, got {json.dumps(answer)}")
+    matcher = value.get("matcher")
+    if matcher is not None and matcher not in MATCHERS:
+        raise _FieldError(
+            "ground_truth.matcher", f"must be one of {list(MATCHERS)}, got {json.dumps(matcher)}"
+        )
+    tolerance = value.get("tolerance")
+    if tolerance is not None:
+        tolerance = _number(tolerance, "ground_truth.tolerance")
+        if tolerance < 0:
+            raise _FieldError("ground_truth.tolerance", f"must be >= 0, got {json.dumps(tolerance)}")
+    return ShortAnswer(answer, matcher, tolerance)
+
+
+def parse_ground_truth(
+    value: Any, task: str, width: int | None, height: int | None, base_dir: Path
+) -> GroundTruth:
     """Typed ground truth from its JSON form, checked against the task and the image bounds."""
     if not isinstance(value, dict):
         raise _FieldError("ground_truth", f"must be an object, got {json.dumps(value)}")
+    if task == "answer":
+        return _short_answer(value)
     allowed = GROUND_TRUTH_OF_TASK[task]
     if len(value) != 1:
         raise _FieldError(
@@ -253,30 +289,41 @@ def record_from_json(obj: Any, base_dir: Path) -> Record:
     missing = [k for k in _REQUIRED if k not in obj]
     if missing:
         raise _FieldError(missing[0], "required field is missing")
-    unknown = sorted(set(obj) - set(_REQUIRED) - set(_OPTIONAL))
+    unknown = sorted(set(obj) - set(_REQUIRED) - set(_IMAGE_FIELDS) - set(_OPTIONAL))
     if unknown:
         raise _FieldError(unknown[0], "unknown field (put extra information under 'meta')")
+    if obj["task"] not in TASKS:
+        raise _FieldError("task", f"must be one of {list(TASKS)}, got {json.dumps(obj['task'])}")
+    has_image = "image" in obj
+    if has_image or obj["task"] not in TEXT_TASKS:
+        missing = [k for k in _IMAGE_FIELDS if k not in obj]
+        if missing:
+            raise _FieldError(missing[0], "required field is missing")
+    elif "width" in obj or "height" in obj:
+        raise _FieldError(
+            "width" if "width" in obj else "height", "a text-only record (no image) has no size"
+        )
     for key in ("id", "image", "prompt", "split"):
+        if key == "image" and not has_image:
+            continue
         value = obj.get(key, "train")
         if not isinstance(value, str) or not value.strip():
             raise _FieldError(key, f"must be a non-empty string, got {json.dumps(value)}")
-    if obj["task"] not in TASKS:
-        raise _FieldError("task", f"must be one of {list(TASKS)}, got {json.dumps(obj['task'])}")
-    for key in ("width", "height"):
+    for key in ("width", "height") if has_image else ():
         value = obj[key]
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise _FieldError(key, f"must be a positive integer, got {json.dumps(value)}")
     meta = obj.get("meta", {})
     if not isinstance(meta, dict):
         raise _FieldError("meta", f"must be an object, got {json.dumps(meta)}")
-    gt = parse_ground_truth(obj["ground_truth"], obj["task"], obj["width"], obj["height"], base_dir)
+    gt = parse_ground_truth(obj["ground_truth"], obj["task"], obj.get("width"), obj.get("height"), base_dir)
     return Record(
         id=obj["id"],
-        image=_resolve(obj["image"], base_dir),
+        image=_resolve(obj["image"], base_dir) if has_image else None,
         task=obj["task"],
         prompt=obj["prompt"],
-        width=obj["width"],
-        height=obj["height"],
+        width=obj.get("width"),
+        height=obj.get("height"),
         ground_truth=gt,
         split=obj.get("split", "train"),
         meta=meta,
@@ -400,7 +447,8 @@ def write_records(path: str | Path, records: Iterable[Record]) -> Path:
     lines, seen = [], set()
     for index, record in enumerate(records):
         obj = record_to_json(record)
-        obj["image"] = _relative_if_inside(record.image, out_dir)
+        if record.image is not None:
+            obj["image"] = _relative_if_inside(record.image, out_dir)
         if isinstance(record.ground_truth, MaskRef):
             obj["ground_truth"] = {"mask": _relative_if_inside(record.ground_truth.path, out_dir)}
         where = f"{path}: record {index} (id {record.id})"

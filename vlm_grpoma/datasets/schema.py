@@ -9,7 +9,9 @@ On disk a record is one JSON object per line (JSONL)::
 
 ``image`` (and a mask path) are relative to the JSONL file's folder unless absolute. Ground truth is one
 of ``{"boxes": [...]}``, ``{"points": [[x, y], ...]}``, ``{"trajectory": [[x, y], ...]}``,
-``{"mask": "masks/x.png"}`` (non-zero pixels are the target region), or ``{"contact_action": {...}}``.
+``{"mask": "masks/x.png"}`` (non-zero pixels are the target region), ``{"contact_action": {...}}``, or for
+task ``answer`` a short text answer ``{"answer": "55", "matcher": "numeric", "tolerance": 0.0}`` (matcher and
+tolerance optional). ``image``/``width``/``height`` are optional for ``answer`` records (None = text-only).
 """
 
 from __future__ import annotations
@@ -19,14 +21,19 @@ from typing import Any, Literal
 
 from vlm_grpoma.answers import AnswerKind, Box, Boxes, ContactAction, Points, Trajectory
 
-Task = Literal["detection", "affordance", "trajectory", "manipulation"]
-TASKS: tuple[str, ...] = ("detection", "affordance", "trajectory", "manipulation")
+Task = Literal["detection", "affordance", "trajectory", "manipulation", "answer"]
+TASKS: tuple[str, ...] = ("detection", "affordance", "trajectory", "manipulation", "answer")
+#: Tasks whose records may be text-only (no image, width or height).
+TEXT_TASKS: tuple[str, ...] = ("answer",)
+Matcher = Literal["exact", "numeric", "choice"]
+MATCHERS: tuple[str, ...] = ("exact", "numeric", "choice")
 #: The answer type a model must produce for each task.
 ANSWER_KIND_OF_TASK: dict[str, AnswerKind] = {
     "detection": "boxes",
     "affordance": "points",
     "trajectory": "trajectory",
     "manipulation": "contact_action",
+    "answer": "text",
 }
 
 
@@ -37,20 +44,34 @@ class MaskRef:
     path: str
 
 
-GroundTruth = Boxes | Points | Trajectory | ContactAction | MaskRef
+@dataclass(frozen=True)
+class ShortAnswer:
+    """A verifiable text answer; ``matcher=None`` means the ``answer_match`` reward's default matcher."""
+
+    answer: str
+    matcher: Matcher | None = None
+    tolerance: float | None = None
+
+
+GroundTruth = Boxes | Points | Trajectory | ContactAction | MaskRef | ShortAnswer
 
 
 @dataclass(frozen=True)
 class Record:
     id: str
-    image: str
+    image: str | None
     task: Task
     prompt: str
-    width: int
-    height: int
+    width: int | None
+    height: int | None
     ground_truth: GroundTruth
     split: str = "train"
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text_only(self) -> bool:
+        """No image: the prompt is the whole input (an ``answer`` record may have none)."""
+        return self.image is None
 
 
 def ground_truth_to_json(gt: GroundTruth) -> dict[str, Any]:
@@ -63,6 +84,13 @@ def ground_truth_to_json(gt: GroundTruth) -> dict[str, Any]:
         return {"trajectory": [list(p) for p in gt.points]}
     if isinstance(gt, MaskRef):
         return {"mask": gt.path}
+    if isinstance(gt, ShortAnswer):
+        out: dict[str, Any] = {"answer": gt.answer}
+        if gt.matcher is not None:
+            out["matcher"] = gt.matcher
+        if gt.tolerance is not None:
+            out["tolerance"] = gt.tolerance
+        return out
     if isinstance(gt, ContactAction):
         return {
             "contact_action": {"point_2d": list(gt.point), "up": list(gt.up), "forward": list(gt.forward)}
@@ -71,13 +99,15 @@ def ground_truth_to_json(gt: GroundTruth) -> dict[str, Any]:
 
 
 def record_to_json(record: Record) -> dict[str, Any]:
+    """The on-disk JSON object; a text-only record has no ``image``/``width``/``height`` keys."""
+    image = {} if record.image is None else {"image": record.image}
+    size = {} if record.width is None else {"width": record.width, "height": record.height}
     return {
         "id": record.id,
-        "image": record.image,
+        **image,
         "task": record.task,
         "prompt": record.prompt,
-        "width": record.width,
-        "height": record.height,
+        **size,
         "split": record.split,
         "ground_truth": ground_truth_to_json(record.ground_truth),
         "meta": record.meta,
@@ -86,11 +116,14 @@ def record_to_json(record: Record) -> dict[str, Any]:
 
 __all__ = [
     "ANSWER_KIND_OF_TASK",
+    "MATCHERS",
     "TASKS",
+    "TEXT_TASKS",
     "Box",
     "GroundTruth",
     "MaskRef",
     "Record",
+    "ShortAnswer",
     "Task",
     "ground_truth_to_json",
     "record_to_json",

@@ -21,6 +21,7 @@ from vlm_grpoma.demo.stages import MODEL_ARCH, MODEL_PRESET, StageClock, demo_co
 from vlm_grpoma.eval.grounding import evaluate
 from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.models.tiny import build_tiny_model
+from vlm_grpoma.run_layout import METRICS_FILE
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
 from vlm_grpoma.trainer.sft import SFTTrainer
 
@@ -189,7 +190,7 @@ def run_detection_demo(out: Path, plan: DetectionPlan, seed: int = 0) -> list[St
         f"{int(last['train/gss10_count'])}"
     )
     print(
-        f"plot: {plot}; metrics: {out / 'grpo' / 'metrics.jsonl'}; models: {sft_model}, {trainer.final_model_dir}"
+        f"plot: {plot}; metrics: {out / 'grpo' / METRICS_FILE}; models: {sft_model}, {trainer.final_model_dir}"
     )
     print(clock.summary())
     return stages

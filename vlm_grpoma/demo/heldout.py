@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
@@ -19,8 +20,11 @@ from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.eval.proportions import Rate, wilson
 from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.rollout.hf import HFRolloutEngine
-from vlm_grpoma.trainer.evaluation import greedy_params
+from vlm_grpoma.sampling import SamplingParams
 from vlm_grpoma.trainer.scoring import score_tree
+
+if TYPE_CHECKING:
+    from vlm_grpoma.rewards.base import Reward
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ def evaluate_checkpoint(
     config: Config,
     model_dir: Path,
     sets: dict[str, list[Record]],
-    rewards,
+    rewards: Reward,
     success_key: str,
     label: str,
 ) -> dict[str, SetResult]:
@@ -61,7 +65,7 @@ def evaluate_checkpoint(
     loaded = load_model(replace(config.model, name_or_path=str(model_dir)))
     adapter = loaded.adapter
     rollout = HFRolloutEngine.for_adapter(loaded.model.eval(), adapter)
-    params = greedy_params(config)
+    params = SamplingParams.from_config(config.rollout, config.seed, greedy=True)
     size = config.train.eval_batch_prompts
     results = {}
     with tqdm(total=sum(map(len, sets.values())), desc=f"eval {label}", unit="episode") as bar:
@@ -70,11 +74,11 @@ def evaluate_checkpoint(
             for start in range(0, len(records), size):
                 chunk = records[start : start + size]
                 tree = rollout.sample(adapter.build_inputs(chunk), params)
-                result, _, _ = score_tree(tree, chunk, adapter, rewards)
-                texts = tree.completions()
+                scored = score_tree(tree, chunk, adapter, rewards)
+                success = scored.result.components[success_key]
                 for b, record in enumerate(chunk):
-                    answer = adapter.parse_answer(texts[b][0][0], record)
-                    episodes.append(Episode(record, answer, result.components[success_key][b] > 0))
+                    first = scored.index(b, 0, 0)
+                    episodes.append(Episode(record, scored.completions[first].answer, success[first] > 0))
                 bar.update(len(chunk))
             results[name] = SetResult(name, tuple(episodes))
     return results

@@ -51,7 +51,7 @@ from vlm_grpoma.envs.sapien.vulkan import configure_icd
 from vlm_grpoma.errors import CommandError
 from vlm_grpoma.models.tiny import build_tiny_model
 from vlm_grpoma.rewards.registry import build_rewards
-from vlm_grpoma.trainer.checkpoint import checkpoint_name, checkpoint_root
+from vlm_grpoma.run_layout import METRICS_FILE, MODEL_DIR, checkpoint_name, checkpoint_root
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
 from vlm_grpoma.trainer.sft import SFTTrainer
 
@@ -202,9 +202,8 @@ def _held_out_sets(data_dir: Path) -> dict[str, list]:
 def run_manipulation_demo(out: Path, plan: ManipulationPlan, seed: int = 0) -> ManipulationDemo:
     """Run every stage (reusing cached data and warm start when their keys match) and print the report."""
     quiet_library_bars()
-    torch.set_num_threads(
-        1
-    )  # the simulator worker has the other core; one thread is fastest for 0.8 M params
+    # the simulator worker has the other core; one thread is fastest for 0.8 M params
+    torch.set_num_threads(1)
     out = Path(out)
     clock = StageClock(stages=7)
     cache = out / "cache"
@@ -234,7 +233,7 @@ def run_manipulation_demo(out: Path, plan: ManipulationPlan, seed: int = 0) -> M
 
     grpo_dir = out / "grpo"
     shutil.rmtree(grpo_dir, ignore_errors=True)  # metrics.jsonl appends and checkpoints would resume
-    warm_dir = checkpoint_root(warm.path) / checkpoint_name(plan.sft_steps) / "model"
+    warm_dir = checkpoint_root(warm.path) / checkpoint_name(plan.sft_steps) / MODEL_DIR
     grpo_config = config(
         f"model.name_or_path={warm_dir}",
         f"train.steps={plan.grpo_steps}",
@@ -302,7 +301,7 @@ def run_manipulation_demo(out: Path, plan: ManipulationPlan, seed: int = 0) -> M
         files = {
             "plot": plot_training(sft_metrics, grpo_metrics, HELD_OUT, out / "training.png"),
             "contacts": contact_grid_png(stages[1], stages[2], plan.grid_episodes, out / "contacts.png"),
-            "metrics": grpo_dir / "metrics.jsonl",
+            "metrics": grpo_dir / METRICS_FILE,
             "model": trainer.final_model_dir,
             "summary": out / "summary.json",
         }

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
-from vlm_grpoma.trainer.logging import METRICS_FILE
+from vlm_grpoma.run_layout import METRICS_FILE
 
 MODEL_ARCH = "qwen2_5_vl"
 MODEL_PRESET = "small"  # 0.8 M parameters: learns the shapes and the SAPIEN contact tasks on CPU

@@ -1,4 +1,4 @@
-"""Grounding metrics: score detection / affordance / trajectory predictions against their records.
+"""Evaluation metrics: score detection / affordance / trajectory / short-answer predictions against their records.
 
 Metrics (a malformed answer is a failure that scores like an empty or worst answer, never an exception):
 
@@ -6,10 +6,10 @@ Metrics (a malformed answer is a failure that scores like an empty or worst answ
   kind, as the ``format`` reward), ``parse_rate`` (a valid typed answer), failure reasons counted.
 - detection: ``precision@0.5`` / ``precision@0.75`` — the fraction of ground-truth boxes matched one-to-one
   by a predicted box at IoU >= t (maximum matching, summed over records; ours: Visual-RFT and VLM-R1 match
-  greedily, see :mod:`~vlm_grpoma.rewards.detection`); ``success@t`` — over single-box records, the first predicted box has IoU >= t (the REC
-  accuracy convention); ``mean_iou`` — the ``iou`` reward's default (``hungarian``) matched score
-  Σ IoU / max(#pred, #gt); COCO
-  ``ap`` / ``ap50`` / ``ap75`` (pycocotools COCOeval, when every ground-truth box has a label). The models
+  greedily, see :mod:`~vlm_grpoma.rewards.detection`); ``Acc@t`` — over single-box records, the first
+  predicted box has IoU >= t (RefCOCO's REC accuracy, Acc@0.5 in the papers); ``mean_iou`` — the ``iou``
+  reward's default (``hungarian``) matched score Σ IoU / max(#pred, #gt); COCO ``ap`` / ``ap50`` / ``ap75``
+  (pycocotools COCOeval, when every ground-truth box has a label). The models
   give no confidences, so every predicted box scores 1.0 and is ranked in record order: AP measures unranked
   predictions and is a lower bound of what a detector with a useful confidence ranking would reach.
 - affordance: ``accuracy`` — fraction of predicted points inside the target (mask pixel, box, or within the
@@ -20,6 +20,8 @@ Metrics (a malformed answer is a failure that scores like an empty or worst answ
   RoboBrain / ShareRobot report them; RMSE after interpolating both by vertex index to the longer's count);
   ``dfd_resampled``, ``hausdorff_resampled``, ``rmse_resampled`` — the same after resampling both to 32 points
   by arc length (``evaluation: resampled``). A failure counts sqrt(2), the normalised image diagonal.
+- answer (short text answers, with or without an image): ``accuracy`` — the fraction of answers the
+  ``answer_match`` reward scores 1 (its matcher: the record's, else ``answer_matcher``); a failure is wrong.
 
 Distances also come as ``*_valid`` means over parsed answers only. With several samples per record (sampled
 decoding) every metric is the mean over samples.
@@ -39,19 +41,22 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from vlm_grpoma.answers import Answer, Boxes, ParseError, Points, Trajectory, answers_of_kind
-from vlm_grpoma.datasets.schema import ANSWER_KIND_OF_TASK, MaskRef, Record
+from vlm_grpoma.datasets.schema import ANSWER_KIND_OF_TASK, MaskRef, Record, ShortAnswer
 from vlm_grpoma.rewards.affordance import (
     AffordanceReward,
     distance_to_boxes,
     distance_to_points,
     points_in_boxes,
 )
+from vlm_grpoma.rewards.answer_match import matches
 from vlm_grpoma.rewards.base import Completion
 from vlm_grpoma.rewards.detection import box_iou, boxes_array, matched_score
 from vlm_grpoma.rewards.format import FormatReward
 from vlm_grpoma.rewards.trajectory import EVALUATIONS, FAILED_DISTANCE, normalised_distances
 
 GROUNDING_TASKS = ("detection", "affordance", "trajectory")
+#: What ``eval`` scores: the grounding tasks and short answers (manipulation: ``manip-eval``).
+EVAL_TASKS = (*GROUNDING_TASKS, "answer")
 IOU_THRESHOLDS = (0.5, 0.75)
 TRAJECTORY_POINTS = 32
 
@@ -101,7 +106,7 @@ class TaskMetrics:
     format_rate: float
     parse_rate: float
     failures: dict[str, int]
-    #: Aggregate metrics; None where a metric does not apply (e.g. ``success@0.5`` with no single-box record).
+    #: Aggregate metrics; None where a metric does not apply (e.g. ``Acc@0.5`` with no single-box record).
     metrics: dict[str, float | None]
     notes: list[str] = field(default_factory=list)
 
@@ -189,15 +194,15 @@ def _score_detection(pairs, samples):
             s[f"matched@{t}"] = float(max_matches(iou, t))
         if len(gt) == 1:  # single-box record: REC success of the first predicted box
             for t in IOU_THRESHOLDS:
-                s[f"success@{t}"] = float(len(pred) > 0 and iou[0, 0] >= t)
+                s[f"Acc@{t}"] = float(len(pred) > 0 and iou[0, 0] >= t)
         scores.append(s)
     n_gt = sum(s["gt_boxes"] for s in scores)
-    single = [s for s in scores if f"success@{IOU_THRESHOLDS[0]}" in s]
+    single = [s for s in scores if f"Acc@{IOU_THRESHOLDS[0]}" in s]
     metrics: dict[str, float | None] = {}
     for t in IOU_THRESHOLDS:
         metrics[f"precision@{t}"] = sum(s[f"matched@{t}"] for s in scores) / n_gt if n_gt else None
     for t in IOU_THRESHOLDS:
-        metrics[f"success@{t}"] = _mean([s[f"success@{t}"] for s in single])
+        metrics[f"Acc@{t}"] = _mean([s[f"Acc@{t}"] for s in single])
     metrics["mean_iou"] = _mean([s["iou"] for s in scores])
     metrics["mean_pred_boxes"] = _mean([s["pred_boxes"] for s in scores])
     ap, notes = coco_ap(pairs, samples)
@@ -280,10 +285,32 @@ def _score_trajectory(pairs, samples):
     return scores, metrics, []
 
 
+def answer_scorer(default_matcher: str = "exact") -> Scorer:
+    """The short-answer scorer: per answer ``correct`` (1 when it matches the record's answer under the record's
+    matcher, else ``default_matcher``, as the ``answer_match`` reward decides), then ``accuracy``."""
+
+    def score(pairs, samples):
+        scores = []
+        for record, answer in pairs:
+            truth = record.ground_truth
+            if not isinstance(truth, ShortAnswer):
+                raise ValueError(
+                    f"record {record.id}: answer evaluation needs a short-answer ground truth, got "
+                    f"{type(truth).__name__}"
+                )
+            scores.append(
+                {"correct": float(answer is not None and matches(answer.text, truth, default_matcher))}
+            )
+        return scores, {"accuracy": _mean([s["correct"] for s in scores])}, []
+
+    return score
+
+
 SCORERS: dict[str, Scorer] = {
     "detection": _score_detection,
     "affordance": _score_affordance,
     "trajectory": _score_trajectory,
+    "answer": answer_scorer(),
 }
 
 
@@ -307,7 +334,7 @@ def coco_ap(
         from pycocotools.coco import COCO
         from pycocotools.cocoeval import COCOeval
     except ImportError:
-        return empty, ["COCO AP skipped: pycocotools is not installed (pip install 'vlm-grpoma[dev]')"]
+        return empty, ["COCO AP skipped: pycocotools is not installed (pip install pycocotools)"]
     category = {label: i + 1 for i, label in enumerate(labels)}
     per_sample: list[list[float]] = []
     for s in sorted(set(samples)):
@@ -371,14 +398,18 @@ def _failure(answer: Answer | ParseError, task: str) -> str | None:
     return next(iter(failures), None)
 
 
-def score_predictions(predictions: Sequence[Prediction], samples: int = 1, greedy: bool = True) -> EvalReport:
-    """The metric layer, model-free: score parsed predictions against their records (module docstring)."""
+def score_predictions(
+    predictions: Sequence[Prediction], samples: int = 1, greedy: bool = True, answer_matcher: str = "exact"
+) -> EvalReport:
+    """The metric layer, model-free: score parsed predictions against their records (module docstring);
+    ``answer_matcher``: the short answers' matcher where a record names none (``answer_match``'s option)."""
+    scorers = SCORERS | {"answer": answer_scorer(answer_matcher)}
     by_task: dict[str, list[int]] = {}
     for i, p in enumerate(predictions):
-        if p.record.task not in SCORERS:
+        if p.record.task not in scorers:
             raise ValueError(
-                f"record {p.record.id}: task {p.record.task!r} is not a grounding task "
-                f"({', '.join(GROUNDING_TASKS)}); evaluate manipulation with manip-eval"
+                f"record {p.record.id}: task {p.record.task!r} is not evaluated here "
+                f"({', '.join(EVAL_TASKS)}); evaluate manipulation with manip-eval"
             )
         by_task.setdefault(p.record.task, []).append(i)
     fmt = (
@@ -392,12 +423,12 @@ def score_predictions(predictions: Sequence[Prediction], samples: int = 1, greed
     failures = [_failure(p.answer, p.record.task) for p in predictions]
     scored: list[ScoredPrediction | None] = [None] * len(predictions)
     tasks = {}
-    for task in GROUNDING_TASKS:
+    for task in EVAL_TASKS:
         idx = by_task.get(task)
         if not idx:
             continue
         pairs = [(predictions[i].record, None if failures[i] else predictions[i].answer) for i in idx]
-        per, metrics, notes = SCORERS[task](pairs, [predictions[i].sample for i in idx])
+        per, metrics, notes = scorers[task](pairs, [predictions[i].sample for i in idx])
         for i, s in zip(idx, per):
             scored[i] = ScoredPrediction(predictions[i], failures[i], bool(fmt[i]), s)
         reasons = Counter(failures[i] for i in idx if failures[i])

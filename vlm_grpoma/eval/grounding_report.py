@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from vlm_grpoma.answers import ParseError, answer_to_json
 from vlm_grpoma.datasets.images import load_image
 from vlm_grpoma.datasets.schema import MaskRef
-from vlm_grpoma.eval.grounding_metrics import EvalReport, ScoredPrediction
+from vlm_grpoma.eval.grounding_metrics import GROUNDING_TASKS, EvalReport, ScoredPrediction
 from vlm_grpoma.eval.overlays import draw_overlay, save_overlay
+
+log = logging.getLogger(__name__)
 
 
 def _fmt(value: float | None) -> str:
@@ -59,10 +63,12 @@ def _prediction_json(p: ScoredPrediction) -> dict[str, Any]:
 
 
 def overlay_sample(report: EvalReport, n: int) -> list[ScoredPrediction]:
-    """Up to ``n`` first-sample predictions, taken round-robin over tasks in record order."""
+    """Up to ``n`` first-sample predictions, taken round-robin over the grounding tasks in record order (short
+    answers have no coordinates to draw)."""
     queues = [
         [p for p in report.predictions if p.prediction.record.task == t and p.prediction.sample == 0]
         for t in report.tasks
+        if t in GROUNDING_TASKS
     ]
     chosen: list[ScoredPrediction] = []
     for rank in range(max((len(q) for q in queues), default=0)):
@@ -88,17 +94,35 @@ def render_overlay(p: ScoredPrediction):
 
 
 def _write_text(path: Path, text: str) -> None:
+    """Write through a temporary file renamed over ``path``; a lone surrogate a model produced (``\\ud800`` in
+    a JSON answer) is written as its ``\\uXXXX`` escape, which JSON reads back as the same string."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
     os.replace(tmp, path)
+
+
+def check_output_folder(path: Path, option: str) -> Path:
+    """Create ``path`` and prove it writable before any work, so a read-only, full or file-blocked output is
+    one line (StorageError naming ``option``) rather than a traceback after the whole evaluation."""
+    from vlm_grpoma.errors import StorageError
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        reason = (err.strerror or type(err).__name__).lower()
+        raise StorageError(f"{option} {path}: cannot write there: {reason}") from None
+    return path
 
 
 def write_report(
     report: EvalReport, out_dir: Path, overlays: int = 16, meta: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Write metrics.json, report.md, predictions.jsonl and overlays/*.png under ``out_dir``; returns paths.
+    """Write predictions.jsonl, report.md, metrics.json, then overlays/*.png under ``out_dir``; returns paths.
 
-    ``meta`` (checkpoint, split, ...) is written at the top of metrics.json.
+    The results come first: an overlay that cannot be drawn is a warning, never lost metrics. ``meta``
+    (checkpoint, split, ...) is written at the top of metrics.json.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     files: dict[str, Any] = {
@@ -107,14 +131,67 @@ def write_report(
         "predictions": out_dir / "predictions.jsonl",
         "overlays": [],
     }
-    for i, p in enumerate(overlay_sample(report, overlays)):
-        name = f"{i:03d}-{_safe_name(p.prediction.record.id)}.png"
-        files["overlays"].append(save_overlay(render_overlay(p), out_dir / "overlays" / name))
     lines = [json.dumps(_prediction_json(p), ensure_ascii=False, allow_nan=False) for p in report.predictions]
     _write_text(files["predictions"], "".join(line + "\n" for line in lines))
     _write_text(files["report"], markdown_report(report))
-    listed = {k: [str(v) for v in vs] if isinstance(vs, list) else str(vs) for k, vs in files.items()}
-    payload = {**(meta or {}), **report.to_json(), "files": listed}
+    listed = {k: str(v) for k, v in files.items() if k != "overlays"}
+    payload = {**(meta or {}), **report.to_json(), "files": {**listed, "overlays": str(out_dir / "overlays")}}
     _write_text(files["metrics"], json.dumps(payload, indent=2, allow_nan=False) + "\n")
+    for i, p in enumerate(overlay_sample(report, overlays)):
+        name = f"{i:03d}-{_safe_name(p.prediction.record.id)}.png"
+        try:
+            files["overlays"].append(save_overlay(render_overlay(p), out_dir / "overlays" / name))
+        except Exception as err:  # an optional picture; the metrics above are already on disk
+            log.warning(f"overlay of record {p.prediction.record.id} not drawn: {type(err).__name__}: {err}")
     report.files = files
     return files
+
+
+#: The columns of the summary across splits, per task: the numbers papers report first.
+SUMMARY_METRICS: dict[str, tuple[str, ...]] = {
+    "detection": ("Acc@0.5", "precision@0.5", "mean_iou", "ap50"),
+    "affordance": ("accuracy", "mean_distance_px"),
+    "trajectory": ("dfd", "rmse"),
+    "answer": ("accuracy",),
+}
+
+
+def summary(reports: dict[str, EvalReport], meta: dict[str, Any]) -> dict[str, Any]:
+    """``summary.json``: per split and task the records, format and parse rates and every metric."""
+    splits = {
+        split: {
+            task: {
+                "records": t.records,
+                "format_rate": t.format_rate,
+                "parse_rate": t.parse_rate,
+                **t.metrics,
+            }
+            for task, t in report.tasks.items()
+        }
+        for split, report in reports.items()
+    }
+    return {**meta, "splits": splits}
+
+
+def summary_markdown(payload: dict[str, Any]) -> str:
+    """One table per task: a row per split with the summary columns (and pass@k / best-of-k when sampled)."""
+    lines = []
+    tasks = dict.fromkeys(task for split in payload["splits"].values() for task in split)
+    for task in tasks:
+        rows = {split: tasks_[task] for split, tasks_ in payload["splits"].items() if task in tasks_}
+        extra = [k for k in next(iter(rows.values())) if k.startswith(("pass@", "best_of_"))]
+        columns = ["records", "format_rate", *SUMMARY_METRICS.get(task, ()), *extra]
+        lines += [f"## {task}", "", "| split | " + " | ".join(columns) + " |"]
+        lines.append("|---|" + "---:|" * len(columns))
+        for split, row in rows.items():
+            cells = [str(row[c]) if c == "records" else _fmt(row.get(c)) for c in columns]
+            lines.append(f"| {split} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_summary(payload: dict[str, Any], json_path: Path) -> Path:
+    """Write ``summary.json`` and the same tables as ``.md`` beside it."""
+    _write_text(json_path, json.dumps(payload, indent=2, allow_nan=False) + "\n")
+    _write_text(json_path.with_suffix(".md"), f"# Evaluation summary\n\n{summary_markdown(payload)}")
+    return json_path

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlm_grpoma.config import Config, load_config
 from vlm_grpoma.errors import CheckpointError
+from vlm_grpoma.run_layout import CHECKPOINTS_DIR, META_FILE, MODEL_DIR, STEP_GLOB, checkpoint_root
+from vlm_grpoma.run_layout import CONFIG_FILE as RUN_CONFIG
 
-#: The resolved config a run writes into its output folder.
-RUN_CONFIG = "config.yaml"
-#: The layout the trainer writes: <run>/checkpoints/step-NNNNNNNN/{model/, checkpoint.json (written last)}.
-_CHECKPOINTS, _COMPLETE, _MODEL_DIR = "checkpoints", "checkpoint.json", "model"
+if TYPE_CHECKING:
+    from vlm_grpoma.models.qwen import QwenVLAdapter
+    from vlm_grpoma.rollout.base import RolloutEngine
 
 
 def model_folder(checkpoint: str | Path) -> Path:
@@ -27,13 +28,13 @@ def model_folder(checkpoint: str | Path) -> Path:
     path = Path(checkpoint)
     if not path.is_dir():
         raise CheckpointError(f"--checkpoint {path}: not a folder")
-    if (path / _CHECKPOINTS).is_dir():
-        complete = sorted(p.parent for p in (path / _CHECKPOINTS).glob(f"step-*/{_COMPLETE}"))
+    if checkpoint_root(path).is_dir():
+        complete = sorted(p.parent for p in checkpoint_root(path).glob(f"{STEP_GLOB}/{META_FILE}"))
         if not complete:
             raise CheckpointError(f"--checkpoint {path}: a run folder without a complete checkpoint")
         path = complete[-1]  # step numbers are zero-padded: the last name is the newest
-    if (path / _MODEL_DIR).is_dir() and (path / _COMPLETE).is_file():
-        path = path / _MODEL_DIR
+    if (path / MODEL_DIR).is_dir() and (path / META_FILE).is_file():
+        path = path / MODEL_DIR
     if not any((path / name).is_file() for name in ("config.json", "adapter_config.json")):
         raise CheckpointError(
             f"--checkpoint {path}: neither a model folder (config.json) nor a LoRA adapter "
@@ -47,9 +48,9 @@ def run_config_path(model_dir: str | Path) -> Path | None:
     the run that wrote it (``<run>/checkpoints/step-N/model``); None when there is none."""
     folder = Path(model_dir).resolve()
     candidates = [folder]
-    if folder.name == _MODEL_DIR:
+    if folder.name == MODEL_DIR:
         candidates.append(folder.parent)
-        if folder.parent.parent.name == _CHECKPOINTS:
+        if folder.parent.parent.name == CHECKPOINTS_DIR:
             candidates.append(folder.parent.parent.parent)
     for candidate in candidates:
         if (candidate / RUN_CONFIG).is_file():
@@ -98,8 +99,8 @@ class EvalModel:
     """A loaded checkpoint: the model (eval mode, on ``device``), its adapter and the rollout engine."""
 
     model: Any
-    adapter: Any
-    rollout: Any
+    adapter: QwenVLAdapter
+    rollout: RolloutEngine
     device: Any
     model_dir: Path
     base: str  # the full model at the bottom of a LoRA adapter chain ('' for full weights)
@@ -113,12 +114,14 @@ def load_for_eval(model_dir: str | Path, config: Config) -> EvalModel:
     """Load ``model_dir`` with ``config.model``'s settings (adapters merged), move it to the accelerator and
     build ``rollout.backend``'s engine for it (vLLM starts from the full base and takes the merged weights)."""
     from vlm_grpoma.models.loading import load_model
+    from vlm_grpoma.models.prompts import prompt_text
     from vlm_grpoma.models.sources import adapter_chain
     from vlm_grpoma.rollout.backends import build_rollout_engine
 
     model_dir = Path(model_dir)
     chain = adapter_chain(model_dir)
     loaded = load_model(replace(config.model, name_or_path=str(model_dir)))
+    loaded.adapter.prompt_text = prompt_text(config.data)
     device = accelerator()
     model = loaded.model.to(device).eval()
     engine_config = replace(config, model=replace(config.model, name_or_path=chain.base))

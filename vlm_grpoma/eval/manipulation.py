@@ -46,6 +46,7 @@ from vlm_grpoma.errors import CommandError, StorageError
 from vlm_grpoma.eval.loading import eval_config, model_folder
 from vlm_grpoma.eval.manipulation_report import INTERVAL, Tile, contact_grid, rate_row, success_table
 from vlm_grpoma.output_folder import writable_folder
+from vlm_grpoma.sampling import SamplingParams
 
 GRID_TILES = 12
 EVAL_SPLITS = ("seen", "unseen")
@@ -175,7 +176,7 @@ def model_actions(
     if not ok:
         raise CommandError(f"--policy model needs rendered images but rendering is unavailable: {reason}")
     from vlm_grpoma.datasets.synthetic.sapien import render_record
-    from vlm_grpoma.eval.grounding import generate_predictions, sampling_params
+    from vlm_grpoma.eval.grounding import generate_predictions
     from vlm_grpoma.eval.loading import load_for_eval
 
     records = [
@@ -188,7 +189,7 @@ def model_actions(
     config = config or eval_config(model_dir).config
     loaded = load_for_eval(model_dir, config)
     print(f"model: {loaded.describe()}")
-    params = sampling_params(config.rollout, True, 1, seed)
+    params = SamplingParams.from_config(config.rollout, seed, greedy=True)
     predictions = generate_predictions(loaded.model, loaded.adapter, records, params, engine=loaded.rollout)
     return [p.answer for p in predictions]
 

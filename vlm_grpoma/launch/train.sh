@@ -89,6 +89,9 @@ MASTER_PORT=${MASTER_PORT:-$("$PYTHON" -c 'import socket; s = socket.socket(); s
 ARGS+=(--master_port "$MASTER_PORT")
 [[ -n "${MASTER_ADDR:-}" ]] && ARGS+=(--master_addr "$MASTER_ADDR")
 
+# SIGUSR1 (Slurm's warning before the time limit) is for the ranks, which finish their step, save and stop;
+# the launcher processes ignore it (they would die of it), and each rank installs its own handler.
+trap '' USR1
 if [[ -n "${TRAIN_SCRIPT:-}" ]]; then
     exec "$DEEPSPEED" "${ARGS[@]}" "$TRAIN_SCRIPT" --config "$CONFIG" "$@"
 fi

@@ -1,20 +1,20 @@
-"""The model-adapter protocol and the typed prompt inputs it produces.
+"""The typed prompt inputs an adapter produces, its special tokens, and batching them (``collate``).
 
-An adapter turns a :class:`~vlm_grpoma.datasets.schema.Record` into model inputs (chat messages → processor
-tensors in the model's coordinate frame) and converts answers between that frame and original-image pixels.
-Prompts are kept unpadded, one per record, so the rollout and the trainer can batch them with any
-continuation (``collate``) without re-running the processor.
+The adapter (:class:`~vlm_grpoma.models.qwen.QwenVLAdapter`, one class for every family) turns a
+:class:`~vlm_grpoma.datasets.schema.Record` into model inputs (chat messages → processor tensors in the model's
+coordinate frame) and converts answers between that frame and original-image pixels. Prompts are kept
+unpadded, one per record, so the rollout and the trainer can batch them with any continuation (``collate``)
+without re-running the processor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from vlm_grpoma.answers import Answer, CoordinateFrame, ParseError
+from vlm_grpoma.answers import CoordinateFrame
 from vlm_grpoma.datasets.schema import Record
-from vlm_grpoma.models.prompts import ThoughtFormat
 
 if TYPE_CHECKING:
     import torch
@@ -32,10 +32,10 @@ class PromptInputs:
 
     record: Record
     text: str
-    image: Image.Image
+    image: Image.Image | None  # None (and no pixel_values / image_grid_thw) for a text-only record
     input_ids: torch.Tensor
-    pixel_values: torch.Tensor
-    image_grid_thw: torch.Tensor
+    pixel_values: torch.Tensor | None
+    image_grid_thw: torch.Tensor | None
     frame: CoordinateFrame
 
 
@@ -52,38 +52,6 @@ class SpecialTokens:
     answer_close: tuple[int, ...]
 
 
-class ModelAdapter(Protocol):
-    """What every model family provides: build inputs, parse and format answers, coordinate frames."""
-
-    model_type: str
-    processor: Any
-    tokens: SpecialTokens
-    #: whether the prompt opens the thought, and so what a completion looks like
-    thought: ThoughtFormat
-
-    def messages(self, record: Record, image: Image.Image | None = None) -> list[dict[str, Any]]:
-        """Chat messages (system + user with image and task instruction) for a record."""
-        ...
-
-    def frame(self, record: Record) -> CoordinateFrame:
-        """The map between this family's coordinate frame and the record's original pixels."""
-        ...
-
-    def build_inputs(
-        self, records: Sequence[Record], images: Sequence[Image.Image] | None = None
-    ) -> list[PromptInputs]:
-        """Render, process and tokenise records (images loaded from ``record.image`` unless given)."""
-        ...
-
-    def parse_answer(self, text: str, record: Record) -> Answer | ParseError:
-        """A completion's answer in ORIGINAL pixels, or why it is not one; never raises."""
-        ...
-
-    def format_answer(self, answer: Answer, record: Record) -> str:
-        """An answer in original pixels written as this family's model-frame JSON (SFT targets)."""
-        ...
-
-
 def collate(
     prompts: Sequence[PromptInputs],
     rows: Sequence[Sequence[int]],
@@ -93,7 +61,8 @@ def collate(
     """Left-padded model inputs for token rows that each start with one prompt (by index into ``prompts``).
 
     Returns input_ids / attention_mask / mm_token_type_ids [R, L] and the rows' pixel_values and
-    image_grid_thw concatenated in row order, as the Qwen-VL forward expects.
+    image_grid_thw concatenated in row order, as the Qwen-VL forward expects (both absent when no row's prompt
+    has an image: text-only records).
     """
     import torch
 
@@ -106,13 +75,12 @@ def collate(
             mask[i, width - len(row) :] = 1
     mm_types = (ids == tokens.image_id).long() + 2 * (ids == tokens.video_id).long()
     mm_types = mm_types * mask
-    return {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "mm_token_type_ids": mm_types,
-        "pixel_values": torch.cat([prompts[p].pixel_values for p in prompt_of_row]),
-        "image_grid_thw": torch.cat([prompts[p].image_grid_thw for p in prompt_of_row]),
-    }
+    batch = {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": mm_types}
+    visual = [prompts[p] for p in prompt_of_row if prompts[p].pixel_values is not None]
+    if visual:
+        batch["pixel_values"] = torch.cat([p.pixel_values for p in visual])
+        batch["image_grid_thw"] = torch.cat([p.image_grid_thw for p in visual])
+    return batch
 
 
 def rope_index_owner(model: torch.nn.Module) -> Any:

@@ -13,6 +13,7 @@ import torch
 
 from vlm_grpoma.config import ConfigError, ModelConfig
 from vlm_grpoma.models.attention import hf_attn_implementation
+from vlm_grpoma.models.model_files import check_model_source, model_load_errors
 from vlm_grpoma.models.qwen import QwenVLAdapter
 from vlm_grpoma.models.registry import load_adapter
 from vlm_grpoma.models.sources import adapter_chain, local_path
@@ -60,21 +61,22 @@ def load_pretrained(model_cfg: ModelConfig, dtype: torch.dtype | str) -> torch.n
 
     ``model.name_or_path`` may be a LoRA adapter folder (a LoRA run's ``model/``): its base model is loaded
     and every adapter of the chain merged into it, and the model keeps the adapter folder as its name, so a
-    new LoRA trained on top records that folder (not the bare base) as its own base.
+    new LoRA trained on top records that folder (not the bare base) as its own base. A source that cannot be
+    loaded (missing, uncached offline, damaged files) is one line (:mod:`~vlm_grpoma.models.model_files`).
     """
     from transformers import AutoModelForImageTextToText
 
-    if not model_cfg.name_or_path:
-        raise ConfigError("model.name_or_path: empty; name a Hugging Face checkpoint or a local folder")
+    check_model_source(model_cfg.name_or_path)
     chain = adapter_chain(model_cfg.name_or_path)
 
     def base() -> torch.nn.Module:
-        return AutoModelForImageTextToText.from_pretrained(
-            chain.base,
-            dtype=dtype,
-            attn_implementation=hf_attn_implementation(model_cfg.attn_implementation),
-            trust_remote_code=model_cfg.trust_remote_code,
-        )
+        with model_load_errors(model_cfg.name_or_path):
+            return AutoModelForImageTextToText.from_pretrained(
+                chain.base,
+                dtype=dtype,
+                attn_implementation=hf_attn_implementation(model_cfg.attn_implementation),
+                trust_remote_code=model_cfg.trust_remote_code,
+            )
 
     if not chain.is_adapter:
         return base()

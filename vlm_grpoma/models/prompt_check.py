@@ -10,12 +10,15 @@ import argparse
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vlm_grpoma.datasets.check import DataCheck, check_records, summary
 from vlm_grpoma.datasets.images import ImageLoadError
 from vlm_grpoma.errors import DataError
 from vlm_grpoma.models.record_checks import prompt_problems
+
+if TYPE_CHECKING:
+    from vlm_grpoma.models.qwen import QwenVLAdapter
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,7 @@ class PromptLengths:
     image: list[int]
 
 
-def prompt_lengths(check: DataCheck, adapter: Any, max_tokens: int = 0) -> PromptLengths:
+def prompt_lengths(check: DataCheck, adapter: QwenVLAdapter, max_tokens: int = 0) -> PromptLengths:
     """Screen the passing records as training does (:func:`prompt_problems` with ``max_tokens``, 0: no limit),
     then tokenise the rest as training does (``adapter.build_inputs``); a record the screen or the processor
     refuses moves from ``check.records`` to ``check.errors``."""
@@ -65,15 +68,26 @@ def main(args: argparse.Namespace) -> int:
     if not paths:
         raise DataError("check-data: name one or more records files (or a --config with data paths)")
     check = check_records(list(dict.fromkeys(paths)), files=not args.no_images)
-    lines = []  # after the records' summary: the processor may refuse records
+    print("\n".join(summary(check)), flush=True)  # the records first: the model may fail to load
+    lines = []
     model = args.model or (config.model.name_or_path if config is not None else "")
     if model and check.records:
         from vlm_grpoma.config import DataConfig, ModelConfig
+        from vlm_grpoma.models.prompts import prompt_text
         from vlm_grpoma.models.registry import load_adapter
 
         model_cfg = replace(config.model if config is not None else ModelConfig(), name_or_path=model)
         max_tokens = (config.data if config is not None else DataConfig()).max_prompt_tokens
-        lengths = prompt_lengths(check, load_adapter(model_cfg), max_tokens)
+        adapter = load_adapter(model_cfg)
+        if config is not None:  # the run's own prompt text counts too
+            adapter.prompt_text = prompt_text(config.data)
+        before = len(check.errors)
+        lengths = prompt_lengths(check, adapter, max_tokens)
+        if len(check.errors) > before:  # the summary above counted them valid: say what is left
+            lines.append(
+                f"records: {len(check.records)} valid of {check.lines} read, {len(check.errors)} with errors "
+                f"(after {model}'s checks: prompt length, special tokens, image resize)"
+            )
         if lengths.total:
             lines.append(
                 f"prompt tokens for {model} (pixels {model_cfg.min_pixels}-{model_cfg.max_pixels}, "
@@ -87,7 +101,8 @@ def main(args: argparse.Namespace) -> int:
                     f"longest sequence: {max(lengths.total)} prompt + {r.max_thought_tokens} thought + "
                     f"{r.max_answer_tokens} answer tokens = {longest}"
                 )
-    print("\n".join(summary(check) + lines))
+    if lines:
+        print("\n".join(lines))
     if check.errors:
         print(f"errors (first {min(len(check.errors), args.max_errors)} of {len(check.errors)}):")
         print("\n".join(f"  {e}" for e in check.errors[: args.max_errors]))

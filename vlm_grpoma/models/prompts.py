@@ -7,9 +7,14 @@ newline, so the model starts inside the thought; the others leave ``<think>`` to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
+from vlm_grpoma.config import DataConfig
 from vlm_grpoma.datasets.schema import ANSWER_KIND_OF_TASK, Record
+from vlm_grpoma.errors import DataError
 
 SYSTEM_PROMPT = (
     "You are a helpful assistant. First think step by step inside <think> </think>, "
@@ -80,6 +85,7 @@ ANSWER_FORMATS: dict[str, str] = {
     "trajectory": "a trajectory [[x, y], [x, y], ...] of at least 2 image points the end effector should follow",
     "contact_action": 'a contact action {"point_2d": [x, y], "up": [ux, uy, uz], "forward": [fx, fy, fz]} '
     "with the contact pixel and the gripper's up and forward unit directions in the camera frame",
+    "text": "the final answer alone (a number, a word or a choice letter)",
 }
 
 TASK_LEADS: dict[str, str] = {
@@ -87,6 +93,7 @@ TASK_LEADS: dict[str, str] = {
     "affordance": "Point to where to act: {prompt}.",
     "trajectory": "Plan the motion: {prompt}.",
     "manipulation": "Manipulate the object: {prompt}.",
+    "answer": "Solve: {prompt}.",
 }
 
 
@@ -108,21 +115,82 @@ class FrameSpec:
         )
 
 
+@dataclass(frozen=True)
+class PromptText:
+    """The user's own prompt text (``data.prompt_template``, ``data.system_prompt``); empty keeps ours."""
+
+    #: task -> the lead of the user text, a ``str.format`` template over the record's fields
+    templates: Mapping[str, str] = field(default_factory=dict)
+    #: replaces the think/answer system instruction (full prompt style only)
+    system: str = ""
+
+
+def prompt_text(data: DataConfig) -> PromptText:
+    """The :class:`PromptText` a run's ``data`` section asks for (set on the adapter by every command)."""
+    return PromptText(dict(data.prompt_template), data.system_prompt)
+
+
+def record_fields(record: Record) -> dict[str, Any]:
+    """What a prompt template may name: the record's fields (``prompt`` stripped) and its ``meta`` keys."""
+    fields: dict[str, Any] = {k: v for k, v in record.meta.items() if isinstance(k, str)}
+    fields.update(
+        prompt=record.prompt.strip(),
+        id=record.id,
+        task=record.task,
+        width=record.width,
+        height=record.height,
+        split=record.split,
+    )
+    return fields
+
+
+def template_names(template: str) -> list[str]:
+    """The field names a ``str.format`` template uses (ValueError for a malformed one)."""
+    return [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+
+
+def render_template(template: str, record: Record) -> str:
+    """``template`` filled with :func:`record_fields`; a name the record lacks is a DataError naming both."""
+    fields = record_fields(record)
+    missing = [name for name in template_names(template) if name not in fields]
+    if missing:
+        raise DataError(
+            f"data.prompt_template.{record.task}: names {{{missing[0]}}}, which record {record.id} does not "
+            f"have (its fields: {', '.join(sorted(fields))})"
+        )
+    return template.format_map(fields)
+
+
 def task_instruction(
-    record: Record, frame: FrameSpec, model_width: int, model_height: int, style: str = "full"
+    record: Record,
+    frame: FrameSpec,
+    model_width: int,
+    model_height: int,
+    style: str = "full",
+    template: str | None = None,
 ) -> str:
     """The user text for a record: what to do, the JSON shape to answer with, and the coordinate frame.
 
     A prompt that is already a sentence ("Find the red square.", ending in . ? or !) is used as written; a bare
-    referring expression ("the red square") gets the task's lead ("Find the red square.").
+    referring expression ("the red square") gets the task's lead ("Find the red square."). A ``template``
+    (``data.prompt_template.<task>``) replaces that lead; the answer shape and frame still follow it.
     """
     if record.task not in TASK_LEADS:
         raise ValueError(
             f"record {record.id}: unknown task {record.task!r}; expected one of {sorted(TASK_LEADS)}"
         )
     prompt = record.prompt.strip()
-    lead = prompt if prompt.endswith((".", "?", "!")) else TASK_LEADS[record.task].format(prompt=prompt)
+    if template:
+        lead = render_template(template, record).strip()
+    else:
+        lead = prompt if prompt.endswith((".", "?", "!")) else TASK_LEADS[record.task].format(prompt=prompt)
     kind = ANSWER_KIND_OF_TASK[record.task]
+    if kind == "text":  # no coordinates, so no frame to state
+        return (
+            f"{lead} Think, then answer."
+            if style == "compact"
+            else f"{lead} Answer with {ANSWER_FORMATS[kind]}."
+        )
     if style == "compact":
         extent = f"{model_width}x{model_height} pixels" if frame.extent is None else f"0-{frame.extent}"
         return f"{lead} Think, then answer JSON {kind.replace('_', ' ')} ({extent})."

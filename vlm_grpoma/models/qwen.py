@@ -29,6 +29,7 @@ from vlm_grpoma.models.families import QwenFamily
 from vlm_grpoma.models.prompts import (
     ANSWER_CLOSE,
     OPENED_GENERATION_SUFFIX,
+    PromptText,
     ThoughtFormat,
     opens_thought,
     task_instruction,
@@ -85,7 +86,8 @@ def _rounded(direction: Vec3) -> Vec3:
 
 
 class QwenVLAdapter:
-    """Adapter for one Qwen-VL family around a loaded processor (see :class:`~vlm_grpoma.models.base.ModelAdapter`)."""
+    """Adapter for one Qwen-VL family around a loaded processor: prompts in, answers between the family's
+    coordinate frame and original pixels out. The one adapter class: every seam is typed with it."""
 
     def __init__(
         self,
@@ -114,6 +116,8 @@ class QwenVLAdapter:
         opened = self.template_opens_thought if thinking == "auto" else thinking == "opened"
         self.thought = ThoughtFormat(opened)
         self.tokens = special_tokens(self.tokenizer, self.thought)
+        #: the user's prompt template and system prompt (``data.prompt_template``, ``data.system_prompt``)
+        self.prompt_text = PromptText()
 
     # -- frames --------------------------------------------------------------------------------------------
 
@@ -127,6 +131,8 @@ class QwenVLAdapter:
         return w, h
 
     def frame(self, record: Record) -> CoordinateFrame:
+        if record.image is None:  # text-only: answers have no coordinates, the identity frame
+            return CoordinateFrame.resized(1, 1, 1, 1)
         if self.family.frame_spec.extent is not None:
             return CoordinateFrame.normalised(record.width, record.height, self.family.frame_spec.extent)
         return CoordinateFrame.resized(
@@ -143,17 +149,22 @@ class QwenVLAdapter:
             round(frame.model_width),
             round(frame.model_height),
             self.prompt_style,
+            self.prompt_text.templates.get(record.task),
         )
-        visual: dict[str, Any] = {
-            "type": "image",
-            "image": image if image is not None else load_image(record),
-            "min_pixels": self.min_pixels,
-            "max_pixels": self.max_pixels,
-        }
-        user = {"role": "user", "content": [visual, {"type": "text", "text": text}]}
+        content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+        if record.image is not None:
+            visual = {
+                "type": "image",
+                "image": image if image is not None else load_image(record),
+                "min_pixels": self.min_pixels,
+                "max_pixels": self.max_pixels,
+            }
+            content.insert(0, visual)
+        user = {"role": "user", "content": content}
         if self.prompt_style == "compact":
             return [user]
-        system = {"role": "system", "content": [{"type": "text", "text": self.thought.system_prompt}]}
+        system_text = self.prompt_text.system or self.thought.system_prompt
+        system = {"role": "system", "content": [{"type": "text", "text": system_text}]}
         return [system, user]
 
     def render(self, messages: list[dict[str, Any]]) -> str:
@@ -172,11 +183,15 @@ class QwenVLAdapter:
         from qwen_vl_utils import process_vision_info
 
         if images is None:
-            images = [load_image(r) for r in records]
+            images = [None if r.image is None else load_image(r) for r in records]
         out = []
         for record, image in zip(records, images, strict=True):
             messages = self.messages(record, image)
             text = self.render(messages)
+            if record.image is None:
+                ids = self.processor(text=[text], return_tensors="pt")["input_ids"][0]
+                out.append(PromptInputs(record, text, None, ids, None, None, self.frame(record)))
+                continue
             vision, _ = process_vision_info(messages, image_patch_size=self.family.patch_size)
             expected = self.resized_size(record.width, record.height)
             if image.size != (record.width, record.height) or vision[0].size != expected:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vlm_grpoma.cache import cache_dir
-from vlm_grpoma.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS
+from vlm_grpoma.models.chat_format import CHAT_TEMPLATE, SPECIAL_TOKENS
 
 WHEEL_NAME = "dashscope-2.0.2-py3-none-any.whl"
 TIKTOKEN_MEMBER = "dashscope/resources/qwen.tiktoken"

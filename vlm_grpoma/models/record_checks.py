@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from PIL import Image
 
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import DataError
+
+if TYPE_CHECKING:
+    from vlm_grpoma.models.qwen import QwenVLAdapter
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +34,7 @@ def _special_token_in(prompt: str, special: Sequence[str]) -> str | None:
     return next((token for token in special if token in prompt), None)
 
 
-def prompt_problems(records: Sequence[Record], adapter, max_tokens: int) -> dict[int, str]:
+def prompt_problems(records: Sequence[Record], adapter: QwenVLAdapter, max_tokens: int) -> dict[int, str]:
     """``{index: problem}`` for the records that ``adapter`` cannot turn into a prompt within ``max_tokens``
     tokens (0: no token limit), or whose prompt holds a special token. Only prompts that could exceed the
     limit are tokenised."""
@@ -52,6 +56,8 @@ def prompt_problems(records: Sequence[Record], adapter, max_tokens: int) -> dict
                 f"prompt holds the model's special token {token} (chat control or vision placeholder), "
                 "which would be read as structure, not text; remove it"
             )
+            continue
+        if record.image is None:  # text-only: no image to size
             continue
         try:
             width, height = adapter.resized_size(record.width, record.height)
@@ -83,7 +89,7 @@ def prompt_problems(records: Sequence[Record], adapter, max_tokens: int) -> dict
 
 
 def screen_records(
-    records: list[Record], adapter, max_tokens: int, *, source: str, skip_bad: bool
+    records: list[Record], adapter: QwenVLAdapter, max_tokens: int, *, source: str, skip_bad: bool
 ) -> list[Record]:
     """``records`` without the ones :func:`prompt_problems` finds: the first is a DataError naming ``source``
     and the record, or with ``skip_bad`` they are left out with one warning line."""

@@ -7,6 +7,7 @@ from pathlib import Path
 from vlm_grpoma.config import ModelConfig
 from vlm_grpoma.errors import UserError
 from vlm_grpoma.models.families import FAMILIES, QwenFamily
+from vlm_grpoma.models.model_files import check_model_source, model_load_errors
 from vlm_grpoma.models.qwen import QwenVLAdapter
 from vlm_grpoma.models.sources import adapter_chain
 
@@ -40,14 +41,19 @@ def _processor_source(name_or_path: str, base: str) -> str:
 def load_adapter(config: ModelConfig) -> QwenVLAdapter:
     """The processor and adapter of a checkpoint (local folder, hub id or LoRA adapter folder), without the
     weights; an adapter folder takes its architecture from its base model and its processor from itself when
-    it has one (our checkpoints save it), else from the base."""
+    it has one (our checkpoints save it), else from the base. A source that cannot be loaded is one line
+    (:mod:`~vlm_grpoma.models.model_files`)."""
     from transformers import AutoConfig, AutoProcessor
 
+    check_model_source(config.name_or_path)
     chain = adapter_chain(config.name_or_path)
-    model_type = AutoConfig.from_pretrained(chain.base, trust_remote_code=config.trust_remote_code).model_type
-    family = family_for(model_type, config.name_or_path)
-    source = _processor_source(config.name_or_path, chain.base)
-    processor = AutoProcessor.from_pretrained(source, trust_remote_code=config.trust_remote_code)
+    with model_load_errors(config.name_or_path):
+        model_type = AutoConfig.from_pretrained(
+            chain.base, trust_remote_code=config.trust_remote_code
+        ).model_type
+        family = family_for(model_type, config.name_or_path)
+        source = _processor_source(config.name_or_path, chain.base)
+        processor = AutoProcessor.from_pretrained(source, trust_remote_code=config.trust_remote_code)
     return QwenVLAdapter(
         family, processor, config.min_pixels, config.max_pixels, config.prompt_style, config.thinking
     )

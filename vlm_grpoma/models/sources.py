@@ -23,6 +23,11 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _MAX_CHAIN = 32
 
 
+def looks_like_hub_id(text: str) -> bool:
+    """``org/name`` as the Hugging Face hub spells ids (not a path: no leading ``.`` or ``/``, one slash)."""
+    return bool(_HUB_ID.fullmatch(text)) and not text.startswith((".", "/"))
+
+
 def is_adapter_folder(name_or_path: str | Path) -> bool:
     """A local folder holding a PEFT adapter (``adapter_config.json``) and no full model (``config.json``)."""
     folder = Path(name_or_path)
@@ -48,16 +53,17 @@ def _base_of(adapter: Path) -> str:
             f"{adapter / ADAPTER_CONFIG}: names no base_model_name_or_path; write the base model's folder "
             "or hub id there"
         )
-    if os.path.isdir(base):
-        return local_path(base)
-    beside = adapter / base  # a relative base saved by hand next to the adapter
+    beside = adapter / base  # a relative base: from the adapter folder (what a checkpoint records)
     if not os.path.isabs(base) and beside.is_dir():
         return str(beside.resolve())
-    if _HUB_ID.fullmatch(base) and not base.startswith((".", "/")):
+    if os.path.isdir(base):
+        return local_path(base)
+    if looks_like_hub_id(base):
         return base
     raise CheckpointError(
         f"{adapter}: is a LoRA adapter whose base model {base!r} (base_model_name_or_path in "
-        f"{ADAPTER_CONFIG}) is not found; put that folder back or edit the path to where it now is"
+        f"{ADAPTER_CONFIG}) is not found; put that folder back, edit the path to where it now is, or "
+        "name the base with export --base"
     )
 
 
@@ -73,16 +79,45 @@ class AdapterChain:
         return bool(self.adapters)
 
 
-def adapter_chain(name_or_path: str | Path) -> AdapterChain:
+def adapter_chain(name_or_path: str | Path, base: str | None = None) -> AdapterChain:
     """The full model at the bottom of ``name_or_path`` and the adapter folders above it (none for a full
-    model or hub id); a missing base or a cycle is a CheckpointError naming the folder."""
+    model or hub id); a missing base or a cycle is a CheckpointError naming the folder.
+
+    ``base`` overrides the full model the chain rests on (an adapter trained on another machine, whose
+    recorded base is not here): the first adapter above a full model takes it instead of its recorded base.
+    """
     current, adapters = local_path(name_or_path), []
     while is_adapter_folder(current):
         if current in adapters or len(adapters) >= _MAX_CHAIN:
             raise CheckpointError(f"{name_or_path}: the adapters' base models form a cycle at {current}")
         adapters.append(current)
+        if base is not None and not _recorded_base_is_adapter(Path(current)):
+            return AdapterChain(base=local_path(base), adapters=tuple(reversed(adapters)))
         current = _base_of(Path(current))
     return AdapterChain(base=current, adapters=tuple(reversed(adapters)))
+
+
+def _recorded_base_is_adapter(adapter: Path) -> bool:
+    try:
+        return is_adapter_folder(_base_of(adapter))
+    except CheckpointError:  # not found here: the override takes its place
+        return False
+
+
+def portable_base(base: str, adapter_dir: str | Path) -> str:
+    """What an adapter saved into ``adapter_dir`` records as its base: a hub id unchanged, a local folder as a
+    path relative to the adapter (it moves with the run, and names no folder of the training machine)."""
+    if not os.path.isdir(base):
+        return base
+    return os.path.relpath(os.path.abspath(base), os.path.abspath(adapter_dir))
+
+
+def record_portable_base(adapter_dir: str | Path) -> None:
+    """Rewrite a just-saved adapter's ``base_model_name_or_path`` with :func:`portable_base`."""
+    path = Path(adapter_dir) / ADAPTER_CONFIG
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = portable_base(config["base_model_name_or_path"], adapter_dir)
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def architecture_source(name_or_path: str | Path) -> str:
@@ -97,4 +132,7 @@ __all__ = [
     "architecture_source",
     "is_adapter_folder",
     "local_path",
+    "looks_like_hub_id",
+    "portable_base",
+    "record_portable_base",
 ]

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from vlm_grpoma.models.chat_format import CHAT_TEMPLATE, SPECIAL_TOKENS
 from vlm_grpoma.models.families import ARCHS
 from vlm_grpoma.models.prompts import (
     ANSWER_CLOSE,
@@ -29,40 +30,8 @@ from vlm_grpoma.models.prompts import (
 )
 from vlm_grpoma.output_folder import writable_folder
 
-#: Qwen's special tokens in their real id order (151643...), then the plain think/answer tags.
-SPECIAL_TOKENS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|object_ref_start|>",
-    "<|object_ref_end|>",
-    "<|box_start|>",
-    "<|box_end|>",
-    "<|quad_start|>",
-    "<|quad_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-)
+#: The plain think/answer tags, added to the tiny tokenizer after chat_format.SPECIAL_TOKENS.
 TAG_TOKENS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
-
-#: Qwen2-VL's chat template (also used by Qwen2.5-VL and, for images, Qwen3-VL).
-CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: "
-    "{% endif %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}"
-    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 @dataclass(frozen=True)
@@ -91,7 +60,7 @@ class TinyPreset:
 PRESETS: dict[str, TinyPreset] = {
     # fastest, for tests
     "tiny": TinyPreset(64, 256, 2, 4, 2, (2, 3, 3), vision_hidden=32, vision_heads=2),
-    # learns the shapes task on CPU (NOTES-STACK.md)
+    # learns the shapes task on CPU (the model of docs/results.md)
     "small": TinyPreset(128, 512, 2, 4, 2, (4, 6, 6), vision_hidden=64, vision_heads=4),
     # larger CPU-feasible model for benchmarks
     "bench": TinyPreset(256, 1024, 4, 8, 4, (4, 6, 6), vision_hidden=64, vision_heads=4),
@@ -188,9 +157,8 @@ def build_tokenizer(
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
 
-    template = (
-        Qwen2Tokenizer()
-    )  # only for its pre-tokenizer (Qwen regex + byte level), normalizer and decoder
+    # only for its pre-tokenizer (Qwen regex + byte level), normalizer and decoder
+    template = Qwen2Tokenizer()
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = template.backend_tokenizer.normalizer
     bpe.pre_tokenizer = template.backend_tokenizer.pre_tokenizer

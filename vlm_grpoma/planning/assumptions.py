@@ -20,7 +20,8 @@ frozen, N data-parallel ranks (GPUs x nodes), w bytes per weight (2 for bf16/fp1
 2. Training pass (one micro-batch of train.micro_batch_prompts prompts, or with train.micro_batch_tokens
    as many rows at the budget maxima as the budget holds, at least one). The shared-prefix pass packs one
    row per prompt: prompt + K*thought + K*M*answer tokens at the budget maxima; the naive pass has K*M
-   rows of prompt + thought + answer. A prompt is max_pixels / factor^2 image tokens plus 200 text
+   rows of prompt + thought + answer. With rollout.adaptive_answers on, K*M here and below is its budget
+   (the answers a prompt trains on; each of its two sampling phases holds at most that many). A prompt is max_pixels / factor^2 image tokens plus 200 text
    tokens (full prompt style; 70 compact), measured with the real Qwen2 tokenizer with a 15-word referring
    expression and rounded up. Saved activations per token and decoder layer (autograd keeps only what the
    backward needs, so frozen linear layers keep no inputs): (8 + 2w)h for the two RMSNorms (fp32 inside),

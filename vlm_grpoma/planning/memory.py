@@ -100,11 +100,11 @@ def shapes(config: Config, stats: ModelStats, world_size: int) -> Shapes:
     image_tokens = max(config.model.max_pixels // (factor * factor), 1)
     prompt = image_tokens + PROMPT_TEXT_TOKENS[config.model.prompt_style]
     r = config.rollout
-    k, m, lt, la = r.num_thoughts, r.answers_per_thought, r.max_thought_tokens, r.max_answer_tokens
+    k, lt, la = r.num_thoughts, r.max_thought_tokens, r.max_answer_tokens
     return Shapes(
         image_tokens=image_tokens,
         prompt_tokens=prompt,
-        packed_row=prompt + k * lt + k * m * la,
+        packed_row=prompt + k * lt + r.answers_per_prompt() * la,
         naive_row=prompt + lt + la,
         prompts_per_rank=max(config.train.prompts_per_step // world_size, 1),
     )
@@ -217,7 +217,7 @@ def micro_batch_prompts(config: Config, shape: Shapes) -> int:
     if t.logprob_pass == "shared":
         row_len, rows = shape.packed_row, 1
     else:
-        row_len, rows = shape.naive_row, r.num_thoughts * r.answers_per_thought
+        row_len, rows = shape.naive_row, r.answers_per_prompt()
     return min(prompts_per_micro_batch(t.micro_batch_tokens, row_len, rows), shape.prompts_per_rank)
 
 
@@ -242,7 +242,7 @@ def training_pass_bytes(
     if config.train.logprob_pass == "shared":
         rows, row_len, scored = mb, shape.packed_row, shape.packed_row - shape.prompt_tokens + 1
     else:
-        rows, row_len = mb * r.num_thoughts * r.answers_per_thought, shape.naive_row
+        rows, row_len = mb * r.answers_per_prompt(), shape.naive_row
         scored = r.max_thought_tokens + r.max_answer_tokens + 1
     tokens = rows * row_len
     per_layer = activation_bytes_per_token(
@@ -274,7 +274,7 @@ def rollout_bytes(config: Config, stats: ModelStats, shape: Shapes, hw: Hardware
     d, r = stats.text, config.rollout
     parts = {}
     if r.backend == "hf":
-        rows = shape.prompts_per_rank * r.num_thoughts * r.answers_per_thought
+        rows = shape.prompts_per_rank * r.answers_per_prompt()
         parts["rollout KV cache"] = float(rows * shape.naive_row * 2 * d.layers * d.kv_heads * d.head_dim * w)
         parts["rollout logits"] = float(rows * d.vocab * 4 * 2)
     if config.deepspeed.zero_stage == 3:

@@ -22,8 +22,11 @@ BUILTIN_REWARDS: dict[str, str] = {
     "affordance": "vlm_grpoma.rewards.affordance:AffordanceReward",
     "trajectory": "vlm_grpoma.rewards.trajectory:TrajectoryReward",
     "manipulation": "vlm_grpoma.rewards.manipulation:ManipulationReward",
+    "answer_match": "vlm_grpoma.rewards.answer_match:AnswerMatchReward",
 }
 _REGISTERED: dict[str, Callable[..., Reward]] = {}
+#: Built-in rewards of image coordinates: every short answer (task ``answer``) would score 0 under them.
+COORDINATE_REWARDS = ("iou", "affordance", "trajectory", "manipulation")
 
 
 def register_reward(name: str, factory: Callable[..., Reward]) -> None:
@@ -101,3 +104,19 @@ def build_rewards(weights: dict[str, float], options: dict[str, dict] | None = N
         except (TypeError, ValueError) as err:
             raise ValueError(f"rewards.options.{name}: {err}") from None
     return WeightedRewards(built)
+
+
+def check_rewards_fit_task(weights: dict[str, float], task: str) -> None:
+    """``ValueError`` naming the key when a built-in reward could only score 0 on ``task``'s answers: a
+    coordinate reward on short answers, or ``answer_match`` on coordinates."""
+    coordinates = [name for name in weights if name in COORDINATE_REWARDS]
+    if task == "answer" and coordinates:
+        raise ValueError(
+            f"rewards.weights.{coordinates[0]}: scores image coordinates, but data.task=answer records have "
+            "short text answers (each would score 0); use answer_match, e.g. {answer_match: 1.0, format: 0.5}"
+        )
+    if task != "answer" and "answer_match" in weights:
+        raise ValueError(
+            f"rewards.weights.answer_match: scores short text answers, but data.task={task} answers are "
+            "coordinates (each would score 0); leave it out"
+        )

@@ -5,7 +5,10 @@ are decoded together. A thought ends when its text gains ``</think>``; one that 
 closing tokens appended and fed (``SpecialTokens.think_close``: ``</think>``, after a newline when the
 prompt opened the thought), so the cache then holds prompt + thought for every (b, k); phase 2 expands that
 cache M times and decodes all B·K·M answers together, never recomputing the shared prefix
-(``reuse_prefix_cache=False`` recomputes it, as a reference). Positions are Qwen-VL's 3-axis mRoPE ids, computed by the model's own ``get_rope_index``
+(``reuse_prefix_cache=False`` recomputes it, as a reference). More answers after the thoughts of a tree
+(:meth:`HFRolloutEngine.sample_answers`, adaptive answers) prefill each prompt once, feed each thought once
+after it, and expand that cache to the thought's n_k answers (the phase-1 cache is not kept across the
+scoring in between). Positions are Qwen-VL's 3-axis mRoPE ids, computed by the model's own ``get_rope_index``
 for the prompt and continued as ``last + 1`` on all three axes for generated text, which is what
 transformers does during cached generation; finished rows keep stepping with their new columns masked out.
 """
@@ -16,14 +19,17 @@ import inspect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from vlm_grpoma.models.base import PromptInputs, SpecialTokens, collate, rope_index_owner
 from vlm_grpoma.models.prompts import ANSWER_CLOSE, THINK_CLOSE
-from vlm_grpoma.rollout.engine import SamplingParams
-from vlm_grpoma.rollout.tree import FinishReason, RolloutTree
+from vlm_grpoma.rollout.tree import FinishReason, RolloutTree, answers_at
+from vlm_grpoma.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from vlm_grpoma.models.qwen import QwenVLAdapter
 
 
 @dataclass
@@ -42,6 +48,13 @@ class _Stream:
             self.attention = self.attention.repeat_interleave(n, 0)
             self.next_pos = self.next_pos.repeat_interleave(n, 0)
             self.logits = self.logits.repeat_interleave(n, 0)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep rows ``rows`` in that order, a row repeated as often as it is named (shares the prefix)."""
+        self.cache.batch_select_indices(rows)
+        self.attention = self.attention[rows]
+        self.next_pos = self.next_pos[rows]
+        self.logits = self.logits[rows]
 
 
 @dataclass
@@ -70,9 +83,8 @@ def filter_logits(logits: torch.Tensor, temperature: float, params: SamplingPara
     if params.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = sorted_logits.softmax(-1)
-        drop = (
-            probs.cumsum(-1) - probs > params.top_p
-        )  # keeps the smallest prefix reaching top_p (>= 1 token)
+        # keeps the smallest prefix reaching top_p (>= 1 token)
+        drop = probs.cumsum(-1) - probs > params.top_p
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     return logits
 
@@ -93,7 +105,7 @@ class HFRolloutEngine:
 
     @classmethod
     def for_adapter(
-        cls, model: torch.nn.Module, adapter: Any, reuse_prefix_cache: bool = True
+        cls, model: torch.nn.Module, adapter: QwenVLAdapter, reuse_prefix_cache: bool = True
     ) -> HFRolloutEngine:
         return cls(model, adapter.tokens, adapter.tokenizer, reuse_prefix_cache)
 
@@ -112,11 +124,12 @@ class HFRolloutEngine:
         positions, _ = self._rope.get_rope_index(
             input_ids=batch["input_ids"],
             mm_token_type_ids=batch["mm_token_type_ids"],
-            image_grid_thw=batch["image_grid_thw"],
+            image_grid_thw=batch.get("image_grid_thw"),
             attention_mask=batch["attention_mask"],
         )
         cache = DynamicCache(config=self.model.config)
-        batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
+        if "pixel_values" in batch:  # absent for text-only prompts
+            batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
         out = self.model(
             **batch, position_ids=positions, **{self._cache_arg: cache}, use_cache=True, logits_to_keep=1
         )
@@ -282,15 +295,96 @@ class HFRolloutEngine:
         finally:
             self.model.train(was_training)
 
-    def _sample(self, prompts: Sequence[PromptInputs], params: SamplingParams) -> RolloutTree:
-        b, k, m = len(prompts), params.num_thoughts, params.answers_per_thought
-        dev = self._device()
-        generator = torch.Generator(device=dev).manual_seed(params.seed)
+    def _suppressed(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """[V] bool tokens never sampled: (in answers: vision tokens, in thoughts: vision and end of turn)."""
         vocab = self.model.get_output_embeddings().weight.shape[0]
         vision = torch.zeros(vocab, dtype=torch.bool, device=dev)
         vision[list(self.tokens.suppress_ids)] = True
         no_eos = vision.clone()
         no_eos[list(self.tokens.eos_ids)] = True  # a thought ends only with </think> or its budget
+        return vision, no_eos
+
+    def _decode_answers(
+        self, stream: _Stream, params: SamplingParams, generator: torch.Generator
+    ) -> _Decoded:
+        vision, _ = self._suppressed(stream.logits.device)
+        return self._decode(
+            stream,
+            params.max_answer_tokens,
+            ANSWER_CLOSE,
+            self.tokens.eos_ids,
+            vision,
+            params.phase2_temperature,
+            params,
+            generator,
+        )
+
+    def sample_answers(self, tree: RolloutTree, counts: torch.Tensor, params: SamplingParams) -> RolloutTree:
+        """``counts[b, k]`` more answers after each thought of ``tree`` (module docstring), in eval mode."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return self._sample_answers(tree, counts, params)
+        finally:
+            self.model.train(was_training)
+
+    def _sample_answers(self, tree: RolloutTree, counts: torch.Tensor, params: SamplingParams) -> RolloutTree:
+        k = tree.shape[1]
+        per_thought = counts.flatten().tolist()
+        kept = [i for i, n in enumerate(per_thought) if n > 0]
+        slots = [(i, j) for i in kept for j in range(per_thought[i])]  # (thought row, answer slot) per answer
+        generator = torch.Generator(device=self._device()).manual_seed(params.seed)
+        start = time.perf_counter()
+        if not slots:
+            empty = torch.zeros((0, params.max_answer_tokens))
+            answers = _Decoded(empty.long(), empty.bool(), empty, [], empty.bool())
+        elif self.reuse_prefix_cache:
+            stream = self._thought_prefixes(tree, kept, [per_thought[i] for i in kept])
+            answers = self._decode_answers(stream, params, generator)
+        else:  # the reference: every answer's prompt + thought prefilled from scratch
+            rows = [
+                tree.prompts[i // k].input_ids.tolist() + tree.thought_tokens(i // k, i % k).tolist()
+                for i, _ in slots
+            ]
+            stream = self._prefill(tree.prompts, rows, [i // k for i, _ in slots])
+            answers = self._decode_answers(stream, params, generator)
+        extra = answers_at(
+            tree,
+            slots,
+            max(per_thought, default=0),
+            ids=answers.ids.cpu(),
+            mask=answers.mask.cpu(),
+            logprobs=answers.logprobs.cpu(),
+            finish=answers.finish,
+            texts=self._texts(answers),
+        )
+        extra.seconds = {"answers": time.perf_counter() - start}
+        return extra
+
+    def _thought_prefixes(self, tree: RolloutTree, thoughts: list[int], counts: list[int]) -> _Stream:
+        """The cache of prompt + thought for each of ``thoughts`` (flat b·K + k), repeated ``counts`` times: each
+        prompt (and image) prefilled once, each thought fed once after it, as in phase 1."""
+        k = tree.shape[1]
+        owners = sorted({i // k for i in thoughts})
+        stream = self._prefill(tree.prompts, [tree.prompts[b].input_ids.tolist() for b in owners], owners)
+        dev = stream.logits.device
+        stream.select(torch.tensor([owners.index(i // k) for i in thoughts], device=dev))
+        tokens = [tree.thought_tokens(i // k, i % k) for i in thoughts]
+        width = max(len(t) for t in tokens)
+        ids = torch.full((len(tokens), width), self.tokens.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(tokens), width), dtype=torch.bool)
+        for row, thought in enumerate(tokens):
+            ids[row, : len(thought)], mask[row, : len(thought)] = thought, True
+        self._feed(stream, ids.to(dev), mask.to(dev))
+        stream.select(torch.repeat_interleave(torch.tensor(counts, device=dev)))
+        return stream
+
+    def _sample(self, prompts: Sequence[PromptInputs], params: SamplingParams) -> RolloutTree:
+        b, k, m = len(prompts), params.num_thoughts, params.answers_per_thought
+        dev = self._device()
+        generator = torch.Generator(device=dev).manual_seed(params.seed)
+        vision, no_eos = self._suppressed(dev)
         clock = [time.perf_counter()]
         stream = self._prefill(prompts, [p.input_ids.tolist() for p in prompts], range(b))
         stream.repeat(k)
@@ -309,16 +403,7 @@ class HFRolloutEngine:
                 for _ in range(m)
             ]
             stream = self._prefill(prompts, rows, [i // (k * m) for i in range(b * k * m)])
-        answers = self._decode(
-            stream,
-            params.max_answer_tokens,
-            ANSWER_CLOSE,
-            self.tokens.eos_ids,
-            vision,
-            params.phase2_temperature,
-            params,
-            generator,
-        )
+        answers = self._decode_answers(stream, params, generator)
         clock.append(time.perf_counter())
         tree = self._tree(prompts, thoughts, answers, k, m)
         tree.seconds = dict(

@@ -3,40 +3,49 @@ GSS tracking, metrics logging, checkpoints and exact resume. Subclasses implemen
 
 Start-up order, cheapest checks first, each failure one line on every rank: process group; output folder
 (lock, no other run's results unless resuming, ``config.yaml``); records and their images; the records this
-model cannot take (prompt length, image size); the checkpoint to resume from, verified; only then the model.
+model cannot take (prompt length, image size), in the training and the held-out sets; the checkpoint to resume
+from, verified; only then the model.
 """
 
 from __future__ import annotations
 
 import logging
 import zlib
+from abc import ABC, abstractmethod
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from vlm_grpoma.algorithm import GradientSpikeTracker
-from vlm_grpoma.config import Config
+from vlm_grpoma.config import Config, check_optional_dependencies
 from vlm_grpoma.datasets.jsonl import RecordError, read_records
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.distributed import init_distributed
-from vlm_grpoma.errors import ConfigError, DataError, DistributedError, UserError
+from vlm_grpoma.errors import CheckpointError, ConfigError, DataError, DistributedError, UserError
+from vlm_grpoma.models.prompts import prompt_text
 from vlm_grpoma.models.record_checks import screen_records
 from vlm_grpoma.models.registry import load_adapter
+from vlm_grpoma.run_layout import MODEL_DIR, TRAINER_STATE_FILE
 from vlm_grpoma.trainer.checkpoint import (
     TrainerState,
+    check_checkpoint_folder,
     checkpoint_bytes,
     checkpoint_name,
     checkpoint_root,
     choose_checkpoint,
     load_checkpoint,
+    resume_plan,
     save_checkpoint,
 )
 from vlm_grpoma.trainer.collectives import collective, raise_on_every_rank
-from vlm_grpoma.trainer.data import PromptSampler
 from vlm_grpoma.trainer.engine import TrainingEngine, build_engine
+from vlm_grpoma.trainer.evaluation import EvalSet
 from vlm_grpoma.trainer.logging import MetricsLogger, reduce_metrics
 from vlm_grpoma.trainer.run_dir import OutputLock, refuse_foreign_run, write_config
+from vlm_grpoma.trainer.sampler import PromptSampler
+from vlm_grpoma.trainer.stop_signals import STOPPED_EXIT_CODE, StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +74,23 @@ def _fingerprint(records: list[Record]) -> tuple[int, int]:
     return len(records), zlib.crc32("\n".join(r.id for r in records).encode())
 
 
-class Trainer:
-    """Set up (or resume) a run; :meth:`train` calls :meth:`train_step` until ``train.steps``."""
+class Trainer(ABC):
+    """Set up (or resume) a run; :meth:`train` calls :meth:`train_step` until ``train.steps``.
 
-    def __init__(self, config: Config, *, model: torch.nn.Module | None = None) -> None:
+    ``held_out``: the held-out sets a subclass evaluates on, screened here like the training records
+    (``eval_sets``)."""
+
+    #: the CLI command this trainer runs (``train``, ``sft``): which optional packages its config may need
+    command: str
+
+    def __init__(
+        self, config: Config, *, model: torch.nn.Module | None = None, held_out: Sequence[EvalSet] = ()
+    ) -> None:
         if not config.data.train_path:
             raise ConfigError(
                 "data.train_path: is empty; point it at a records.jsonl (see vlm-grpoma make-data)"
             )
+        check_optional_dependencies(config, self.command)  # the Python API gets the CLI's early check
         self.config = config
         timeout = config.train.dist_timeout_s
         self.dist = init_distributed(config.deepspeed.dist_backend, timeout)
@@ -80,9 +98,12 @@ class Trainer:
         try:
             self._claim_output_dir()
             self.adapter = load_adapter(config.model)
+            self.adapter.prompt_text = prompt_text(config.data)
             self.records = self._load_records()
-            self.check_more_data()
+            self.eval_sets = self._screen_held_out(held_out)
             resume = choose_checkpoint(config.checkpoint.resume, config.logging.output_dir, timeout)
+            if resume is not None:
+                resume_plan(config, self.dist.world_size, resume)  # another world size or stage: said now
             self.engine: TrainingEngine = build_engine(config, model)
             self.sampler = PromptSampler(
                 len(self.records), config.train.prompts_per_step, config.seed, config.data.shuffle
@@ -92,6 +113,8 @@ class Trainer:
             self.trained_seconds = 0.0  # time spent in training steps so far (train.time_budget_s counts it)
             #: the step whose checkpoint the output folder holds (no need to save it again)
             self._saved_step: int | None = None
+            #: the signal that stopped :meth:`train` early (after saving), if one did
+            self.stopped_by: str | None = None
             if resume is not None:
                 self._resume(resume)
             self.logger = MetricsLogger(
@@ -113,6 +136,7 @@ class Trainer:
         if self.dist.is_main:
             try:
                 self._lock = OutputLock(out)
+                check_checkpoint_folder(out)
                 refuse_foreign_run(out, self.config.checkpoint.resume)
                 write_config(out, self.config.to_dict())
             except UserError as err:
@@ -148,8 +172,22 @@ class Trainer:
                 )
         return records
 
-    def check_more_data(self) -> None:
-        """Subclasses check further records here (held-out sets), once the adapter exists, before the model."""
+    def _screen_held_out(self, sets: Sequence[EvalSet]) -> list[EvalSet]:
+        """The held-out sets, like the training records, hold only records this model can take."""
+        data = self.config.data
+        return [
+            EvalSet(
+                s.name,
+                screen_records(
+                    s.records,
+                    self.adapter,
+                    data.max_prompt_tokens,
+                    source=f"data.eval_sets.{s.name}: {data.eval_sets[s.name]}",
+                    skip_bad=data.skip_bad_records,
+                ),
+            )
+            for s in sets
+        ]
 
     def _resume(self, path: Path) -> None:
         state = load_checkpoint(self.engine, path)
@@ -158,11 +196,22 @@ class Trainer:
             self.sampler.load_state_dict(state.data)
         except ValueError as err:
             raise ConfigError(f"checkpoint.resume: {path}: {err}") from None
-        self.gss.load_state_dict(state.metrics["gss"])
-        self.skipped_steps = int(state.metrics.get("skipped_steps", 0))
-        self.trained_seconds = float(state.metrics.get("trained_seconds", 0.0))
+        except (KeyError, TypeError) as err:
+            raise CheckpointError(
+                f"{path / TRAINER_STATE_FILE}: damaged data position ({type(err).__name__}: {err})"
+            ) from None
+        try:
+            self.gss.load_state_dict(state.metrics["gss"])
+            self.skipped_steps = int(state.metrics.get("skipped_steps", 0))
+            self.trained_seconds = float(state.metrics.get("trained_seconds", 0.0))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise CheckpointError(
+                f"{path / TRAINER_STATE_FILE}: damaged metric trackers ({type(err).__name__}: {err})"
+            ) from None
         if path.parent.resolve() == checkpoint_root(self.config.logging.output_dir).resolve():
             self._saved_step = state.step
+        if self.dist.is_main:
+            print(f"resumed from {path} (step {state.step} of {self.config.train.steps})", flush=True)
 
     def _release(self) -> None:
         if self._lock is not None:
@@ -185,8 +234,9 @@ class Trainer:
             "train/gss_running10_count": float(self.gss.spikes),
         }
 
+    @abstractmethod
     def train_step(self) -> dict[str, float]:
-        raise NotImplementedError
+        """Run one training step on this rank's share of the prompts; returns the metrics (all ranks)."""
 
     def evaluation(self, final: bool = False) -> dict[str, float]:
         """Held-out metrics due at the current step ({} when none are; ``final``: the run stops after this step);
@@ -229,7 +279,7 @@ class Trainer:
     @property
     def final_model_dir(self) -> Path:
         """The Hugging Face folder of the last checkpoint (what ``model.name_or_path`` of a next stage takes)."""
-        return checkpoint_root(self.config.logging.output_dir) / checkpoint_name(self.step) / "model"
+        return checkpoint_root(self.config.logging.output_dir) / checkpoint_name(self.step) / MODEL_DIR
 
     def _step_once(self) -> tuple[dict[str, float], bool]:
         """One training step plus its due evaluation, and whether it is the last one (``train.steps`` or the
@@ -257,31 +307,69 @@ class Trainer:
                 )
         return metrics, final
 
+    def _stop_requested(self, stop: StopRequest) -> bool:
+        """A stop signal reached this rank or another one (decided alike on every rank)."""
+        asked = stop.signal_name is not None
+        if self.dist.world_size == 1:
+            return asked
+        return reduce_metrics({"stop": float(asked)}, "max", self.config.train.dist_timeout_s)["stop"] > 0
+
     def train(self) -> list[dict[str, float]]:
-        """Train until ``train.steps`` (or ``train.time_budget_s``); checkpoint every ``checkpoint.save_every``
-        steps and at the end."""
+        """Train until ``train.steps`` (or ``train.time_budget_s``, or a stop signal: see
+        :mod:`~vlm_grpoma.trainer.stop_signals`); checkpoint every ``checkpoint.save_every`` steps and at the end."""
         history = []
         try:
-            if self.step == 0 and (before := self.evaluation()):
-                self.logger.log(0, before)  # step 0: the starting model's held-out metrics only
-            final = self.step >= self.config.train.steps
-            while not final:
-                metrics, final = self._step_once()
-                self.logger.log(self.step, metrics)
-                history.append(metrics)
-                every = self.config.checkpoint.save_every
-                if every and self.step % every == 0 and not final:
+            with StopRequest() as stop:
+                if self.step == 0 and (before := self.evaluation()):
+                    self.logger.log(0, before)  # step 0: the starting model's held-out metrics only
+                final = self.step >= self.config.train.steps
+                while not final:
+                    metrics, final = self._step_once()
+                    self.logger.log(self.step, metrics)
+                    history.append(metrics)
+                    if not final and self._stop_requested(stop):
+                        self.stopped_by = stop.signal_name or "a signal to another rank"
+                        break
+                    every = self.config.checkpoint.save_every
+                    if every and self.step % every == 0 and not final:
+                        self.save()
+                if self._saved_step != self.step:
                     self.save()
-            if self._saved_step != self.step:
-                self.save()
-        finally:
+        except KeyboardInterrupt:
+            self._close_logger_after_failure()
+            raise UserError(
+                f"interrupted (Ctrl-C twice) in step {self.step + 1}; its checkpoint was not saved"
+            ) from None
+        except BaseException:
+            self._close_logger_after_failure()
+            raise
+        else:
             self.logger.close()
+        finally:
             self._release()
         return history
 
+    def _close_logger_after_failure(self) -> None:
+        """Close the metrics files without masking the failure in flight (disk full fails their close too)."""
+        try:
+            self.logger.close()
+        except Exception as err:
+            log.warning("closing the metrics files failed too: %s", err)
+
     def run_to_end(self, headline: str) -> int:
-        """CLI body: train, print a one-line summary on rank 0, release ZeRO-3 state; exit code 0."""
+        """CLI body: train, print a one-line summary on rank 0, release ZeRO-3 state; exit code 0, or
+        :data:`~vlm_grpoma.trainer.stop_signals.STOPPED_EXIT_CODE` when a signal stopped it after a save."""
         history = self.train()
+        if self.stopped_by is not None:
+            if self.dist.is_main:
+                print(
+                    f"stopped by {self.stopped_by} after step {self.step} of {self.config.train.steps}: "
+                    f"checkpoint {self.final_model_dir.parent}; run the same command with "
+                    "checkpoint.resume=auto to continue",
+                    flush=True,
+                )
+            self.engine.close()
+            return STOPPED_EXIT_CODE
         if self.dist.is_main:
             skipped = (
                 f" ({self.skipped_steps} skipped: non-finite loss or gradient)" if self.skipped_steps else ""

@@ -11,6 +11,8 @@ Layout of ``<output_dir>/checkpoints/step-00000010/``::
     trainer_state.pt       TrainerState (step, data position, metric trackers)
     checkpoint.json        written last: format, step, world size... and the manifest (size and SHA-256 of
                            every other file); a folder without it is incomplete and never resumed from
+    universal/             only after an elastic resume: DeepSpeed's universal checkpoint of deepspeed/state
+                           with its own checkpoint.json (see :mod:`~vlm_grpoma.trainer.elastic`)
 
 Writing: every rank writes into ``.tmp-step-…`` (the output folder must be shared by all ranks); the ranks
 share the hashing and fsync of the files, rank 0 writes and syncs checkpoint.json, renames the folder into
@@ -21,21 +23,27 @@ Loading: the manifest is checked first (sizes on every rank, hashes shared among
 ``.pt`` file is unpickled with ``weights_only=True`` (DeepSpeed's through :mod:`~vlm_grpoma.trainer.safe_load`),
 so a damaged or tampered checkpoint is refused with one line and never runs code.
 ``checkpoint.resume=auto`` takes the newest checkpoint that passes, says which ones it skipped and moves them
-aside (``damaged-step-…``).
+aside (``damaged-step-…``); with only damaged ones left it refuses rather than start again from step 0, which
+``checkpoint.resume=restart`` asks for. Resuming from a checkpoint moves the later ones of the output folder
+aside (``abandoned-step-…``), so neither ``eval`` nor a later resume takes the abandoned line of training.
+Same world size and ZeRO stage: the resume is exact, bitwise. Another world size (or ZeRO 1 <-> 2) is an
+elastic resume (:mod:`~vlm_grpoma.trainer.elastic`): the same weights, optimizer state, schedule and data
+position, converted once through DeepSpeed's universal checkpoint where the optimizer state is partitioned;
+the same prompts per step, split over the new ranks, so not bitwise the run it would have been.
+What a resume cannot honour is said up front, before the model loads: ZeRO 0 <-> 1/2/3 or 3 <-> 1/2, any
+change of world size or stage under ``checkpoint.elastic_resume=false``, another model under frozen weights
+(errors), another learning rate (a warning: the saved schedule wins).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import random
-import re
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,20 +51,45 @@ from typing import Any
 import numpy as np
 import torch
 
-from vlm_grpoma.errors import CheckpointError
+from vlm_grpoma.config import Config
+from vlm_grpoma.errors import CheckpointError, StorageError
+from vlm_grpoma.models.sources import local_path, record_portable_base
+from vlm_grpoma.run_layout import (
+    ABANDONED_PREFIX,
+    DAMAGED_PREFIX,
+    DEEPSPEED_DIR,
+    META_FILE,
+    MODEL_DIR,
+    OLD_PREFIX,
+    RNG_DIR,
+    STEP_GLOB,
+    TMP_PREFIX,
+    TRAINER_STATE_FILE,
+    checkpoint_name,
+    checkpoint_root,
+    rng_file,
+    step_of,
+)
+from vlm_grpoma.trainer.checkpoint_manifest import FORMAT_VERSION, read_meta, verify_checkpoint
+from vlm_grpoma.trainer.checkpoint_manifest import build_manifest as _manifest
+from vlm_grpoma.trainer.checkpoint_manifest import rank as _rank
 from vlm_grpoma.trainer.collectives import collective
+from vlm_grpoma.trainer.elastic import (
+    ResumePlan,
+    plan_resume,
+    seed_new_rank,
+    universal_folder,
+    universal_loading,
+)
 from vlm_grpoma.trainer.engine import TrainingEngine
 from vlm_grpoma.trainer.run_dir import atomic_write_text, fsync_dir, storage_errors
 from vlm_grpoma.trainer.safe_load import safe_torch_load, use_safe_checkpoint_loading
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_DIR = "checkpoints"
-_NAME = re.compile(r"^(?:\.old-)?step-(\d+)$")  # .old-step-N: the previous copy during a re-save
 _DS_TAG = "state"
-FORMAT_VERSION = 2  # 2: checkpoint.json carries the manifest
-META_FILE = "checkpoint.json"
-_HASH_CHUNK = 8 << 20
+#: ``checkpoint.resume`` values besides a checkpoint's path.
+RESUME_NONE, RESUME_AUTO, RESUME_RESTART = "none", "auto", "restart"
 
 
 @dataclass
@@ -68,22 +101,10 @@ class TrainerState:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:08d}"
-
-
 def _barrier(what: str, timeout_s: float | None) -> None:
     if torch.distributed.is_initialized():
         with collective(what, timeout_s):
             torch.distributed.barrier()
-
-
-def _rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-
-
-def _world() -> int:
-    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -182,110 +203,14 @@ def save_model(engine: TrainingEngine, out: Path, *, processor: Any = None, merg
         module.get_base_model().save_pretrained(out, state_dict=merged_lora_state_dict(module, state))
     else:
         module.save_pretrained(out, state_dict=state)
+        if engine.is_lora:
+            record_portable_base(out)
     if processor is not None:
         processor.save_pretrained(out)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Manifest: sizes and hashes, computed and checked with the work shared among the ranks
-
-
-def _digest(path: Path, sync: bool) -> tuple[int, str]:
-    """(size, SHA-256) of a file, fsyncing it first when ``sync``."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        if sync:
-            os.fsync(f.fileno())
-        while chunk := f.read(_HASH_CHUNK):
-            sha.update(chunk)
-    return path.stat().st_size, sha.hexdigest()
-
-
-def _shared(items: list[str], work, what: str, timeout_s: float | None) -> dict[str, Any]:
-    """``{item: work(item)}`` with rank r doing ``items[r::world]``, gathered on every rank."""
-    mine = {item: work(item) for item in items[_rank() :: _world()]}
-    if _world() == 1:
-        return mine
-    parts: list[dict[str, Any]] = [{} for _ in range(_world())]
-    with collective(what, timeout_s):
-        torch.distributed.all_gather_object(parts, mine)
-    return {key: value for part in parts for key, value in part.items()}
-
-
-def _files(folder: Path) -> list[str]:
-    """Every file under ``folder`` but checkpoint.json, as sorted POSIX paths relative to it."""
-    return sorted(
-        p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != META_FILE
-    )
-
-
-def _manifest(folder: Path, timeout_s: float | None) -> dict[str, dict[str, Any]]:
-    digests = _shared(
-        _files(folder), lambda name: _digest(folder / name, sync=True), "the checkpoint hashing", timeout_s
-    )
-    return {name: {"size": size, "sha256": sha} for name, (size, sha) in sorted(digests.items())}
-
-
-def read_meta(path: Path) -> dict[str, Any]:
-    """checkpoint.json of a checkpoint folder; a missing, unreadable or incomplete one is a CheckpointError."""
-    meta_file = path / META_FILE
-    try:
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{meta_file}: missing; the checkpoint is incomplete") from None
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise CheckpointError(f"{meta_file}: unreadable ({err})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
-        found = meta.get("format") if isinstance(meta, dict) else None
-        raise CheckpointError(
-            f"{meta_file}: format {found!r}, expected {FORMAT_VERSION} (a checkpoint with a manifest); "
-            "it was written by another version of vlm-grpoma or damaged"
-        )
-    missing = [k for k in ("step", "world_size", "files") if k not in meta]
-    if missing or not isinstance(meta["files"], dict):
-        raise CheckpointError(f"{meta_file}: damaged (no {', '.join(missing) or 'file list'})")
-    return meta
-
-
-def verify_checkpoint(path: Path, timeout_s: float | None = None) -> None:
-    """Raise a CheckpointError naming the first file that is missing or differs from the manifest.
-
-    Sizes are checked on every rank, the hashes shared among the ranks; every rank must call.
-    """
-    meta = read_meta(path)
-    files = meta["files"]
-    problems = []
-    for name, entry in files.items():
-        file = path / name
-        if not file.is_file():
-            problems.append(f"{file}: missing")
-        elif file.stat().st_size != entry.get("size"):
-            problems.append(f"{file}: {file.stat().st_size} bytes, the manifest says {entry.get('size')}")
-    if not problems:
-        hashes = _shared(
-            sorted(files), lambda name: _digest(path / name, sync=False)[1], "the checkpoint check", timeout_s
-        )
-        problems = [
-            f"{path / n}: content differs from the manifest"
-            for n in sorted(files)
-            if hashes[n] != files[n].get("sha256")
-        ]
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise CheckpointError(f"{problems[0]}{more}")
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Save / find / load
-
-
-def checkpoint_root(output_dir: str | Path) -> Path:
-    return Path(output_dir) / CHECKPOINT_DIR
-
-
-def _step_of(path: Path) -> int | None:
-    found = _NAME.match(path.name)
-    return int(found.group(1)) if found else None
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -297,8 +222,8 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     if not root.is_dir():
         return []
     by_step: dict[int, Path] = {}
-    for path in sorted(root.iterdir(), key=lambda p: p.name.startswith(".old-")):  # step-N first
-        step = _step_of(path)
+    for path in sorted(root.iterdir(), key=lambda p: p.name.startswith(OLD_PREFIX)):  # step-N first
+        step = step_of(path.name)
         if step is not None and step not in by_step and (path / META_FILE).is_file():
             by_step[step] = path
     return [by_step[step] for step in sorted(by_step)]
@@ -307,10 +232,13 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
 def _tidy(root: Path) -> None:
     """Before a save (rank 0): remove half-written folders; put back an old copy whose re-save never finished."""
     for path in root.iterdir():
-        if path.name.startswith(".tmp-"):
-            shutil.rmtree(path)
-        elif path.name.startswith(".old-"):
-            final = root / path.name[len(".old-") :]
+        if path.name.startswith(TMP_PREFIX):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        elif path.name.startswith(OLD_PREFIX):
+            final = root / path.name[len(OLD_PREFIX) :]
             if (final / META_FILE).is_file():
                 shutil.rmtree(path)
             else:
@@ -334,7 +262,7 @@ def save_checkpoint(
     """
     root = checkpoint_root(output_dir)
     final = root / checkpoint_name(state.step)
-    tmp = root / f".tmp-{final.name}"
+    tmp = root / f"{TMP_PREFIX}{final.name}"
     kept = list_checkpoints(output_dir)
     hint = (
         f"the newest complete checkpoint, {kept[-1].name}, is intact; make room and continue with "
@@ -366,20 +294,20 @@ def _write(
         root.mkdir(parents=True, exist_ok=True)
         _tidy(root)
         tmp.mkdir()
-        (tmp / "rng").mkdir()
+        (tmp / RNG_DIR).mkdir()
     _barrier(barrier, timeout_s)
-    save_model(engine, tmp / "model", processor=processor, merge_lora=merge_lora)
+    save_model(engine, tmp / MODEL_DIR, processor=processor, merge_lora=merge_lora)
     with _without_frozen_aliases(engine.deepspeed):
         engine.deepspeed.save_checkpoint(
-            str(tmp / "deepspeed"),
+            str(tmp / DEEPSPEED_DIR),
             tag=_DS_TAG,
             client_state={},
             save_latest=False,
             exclude_frozen_parameters=True,
         )
-    torch.save(rng_state(), tmp / "rng" / f"rank-{rank:05d}.pt")
+    torch.save(rng_state(), tmp / rng_file(rank))
     if rank == 0:
-        torch.save(asdict(state), tmp / "trainer_state.pt")
+        torch.save(asdict(state), tmp / TRAINER_STATE_FILE)
     _barrier(barrier, timeout_s)
     files = _manifest(tmp, timeout_s)
     if rank == 0:
@@ -390,6 +318,8 @@ def _write(
             "zero_stage": engine.zero_stage,
             "lora": engine.is_lora,
             "merged_lora": engine.is_lora and merge_lora,
+            "model": local_path(engine.config.model.name_or_path),
+            "learning_rate": engine.config.optim.learning_rate,
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "files": files,
         }
@@ -397,7 +327,7 @@ def _write(
             fsync_dir(folder)
         atomic_write_text(tmp / META_FILE, json.dumps(meta, indent=1) + "\n")
         if final.exists():  # re-saving a step: the old copy stands for it until the new one is in place
-            old = root / f".old-{final.name}"
+            old = root / f"{OLD_PREFIX}{final.name}"
             final.rename(old)
             tmp.rename(final)
             fsync_dir(root)
@@ -463,11 +393,27 @@ def checkpoint_bytes(path: str | Path) -> dict[str, int]:
     return sizes
 
 
+def check_checkpoint_folder(output_dir: str | Path) -> None:
+    """Before any work: ``<output_dir>/checkpoints`` is a folder (or absent) whose step entries are real
+    folders, so the first save, after the training it keeps, cannot fail on them."""
+    root = checkpoint_root(output_dir)
+    if root.exists() and not root.is_dir():
+        raise StorageError(f"logging.output_dir: {root} is not a folder; move it away (checkpoints go there)")
+    if not root.is_dir():
+        return
+    for path in sorted(root.iterdir()):
+        if step_of(path.name) is not None and (path.is_symlink() or not path.is_dir()):
+            kind = "a symlink" if path.is_symlink() else "not a folder"
+            raise CheckpointError(
+                f"{path}: {kind}; a checkpoint is a folder the trainer writes itself: move it out of {root}"
+            )
+
+
 def resume_candidates(resume: str, output_dir: str | Path) -> list[Path]:
-    """``checkpoint.resume``: none/empty → []; auto → complete checkpoints, newest first; a PATH → [PATH]."""
-    if resume in ("", "none"):
+    """``checkpoint.resume``: none/empty/restart → []; auto → complete checkpoints, newest first; a PATH → [PATH]."""
+    if resume in ("", RESUME_NONE, RESUME_RESTART):
         return []
-    if resume == "auto":
+    if resume == RESUME_AUTO:
         return list_checkpoints(output_dir)[::-1]
     path = Path(resume)
     if not path.is_dir() or not (path / META_FILE).is_file():
@@ -478,11 +424,19 @@ def resume_candidates(resume: str, output_dir: str | Path) -> list[Path]:
     return [path]
 
 
+def _damaged_ones(output_dir: str | Path) -> list[str]:
+    root = checkpoint_root(output_dir)
+    return sorted(p.name for p in root.glob(f"{DAMAGED_PREFIX}{STEP_GLOB}")) if root.is_dir() else []
+
+
 def choose_checkpoint(resume: str, output_dir: str | Path, timeout_s: float | None = None) -> Path | None:
-    """The verified checkpoint to resume from (None: start afresh); every rank must call.
+    """The verified checkpoint to resume from (None: start at step 0); every rank must call.
 
     A PATH that fails verification is an error. ``auto`` skips damaged checkpoints, newest first, moves them
-    aside to ``damaged-step-…`` and says so; if every one is damaged it is an error, never a silent restart.
+    aside to ``damaged-step-…`` and says so; if every one is damaged, or only damaged ones are left from an
+    earlier attempt, it is an error, never a silent restart. ``restart`` starts at step 0 and moves every
+    checkpoint of the folder aside (``abandoned-step-…``). The checkpoints after the one resumed from are moved
+    aside too.
     """
     candidates = resume_candidates(resume, output_dir)
     skipped = []
@@ -490,73 +444,143 @@ def choose_checkpoint(resume: str, output_dir: str | Path, timeout_s: float | No
         try:
             verify_checkpoint(path, timeout_s)
         except CheckpointError as err:
-            if resume != "auto":
+            if resume != RESUME_AUTO:
                 raise CheckpointError(f"checkpoint.resume: {err}") from None
-            skipped.append((path, err))
+            skipped.append((path, f"damaged: {err}"))
             continue
-        _set_aside(skipped, f"resuming from {path.name} instead", timeout_s)
+        _set_aside(skipped, DAMAGED_PREFIX, f"resuming from {path.name} instead", timeout_s)
+        step = read_meta(path)["step"]
+        later = [
+            (p, f"later than {path.name}") for p in list_checkpoints(output_dir) if step_of(p.name) > step
+        ]
+        _set_aside(later, ABANDONED_PREFIX, f"resuming from {path.name}", timeout_s)
         return path
+    restart = f"{RESUME_RESTART} (step 0, metrics.jsonl cleared)"
     if skipped:
-        _set_aside(skipped, "no intact checkpoint is left", timeout_s)
+        _set_aside(skipped, DAMAGED_PREFIX, "no intact checkpoint is left", timeout_s)
         raise CheckpointError(
             f"checkpoint.resume=auto: every checkpoint in {checkpoint_root(output_dir)} is damaged (newest: "
-            f"{skipped[0][1]}); they were moved to damaged-step-…; start afresh in a new logging.output_dir"
+            f"{skipped[0][1].removeprefix('damaged: ')}); they were moved to damaged-step-…; start again with checkpoint.resume={restart} "
+            "or in a new logging.output_dir"
         )
+    if resume == RESUME_AUTO and (damaged := _damaged_ones(output_dir)):
+        raise CheckpointError(
+            f"checkpoint.resume=auto: {checkpoint_root(output_dir)} holds no intact checkpoint, only damaged "
+            f"ones ({', '.join(damaged)}); start again with checkpoint.resume={restart}, or in a new "
+            "logging.output_dir"
+        )
+    if resume == RESUME_RESTART:
+        abandoned = [(p, "checkpoint.resume=restart") for p in list_checkpoints(output_dir)]
+        _set_aside(abandoned, ABANDONED_PREFIX, "starting again at step 0", timeout_s)
     return None
 
 
-def _set_aside(skipped: list[tuple[Path, CheckpointError]], outcome: str, timeout_s: float | None) -> None:
-    """Rank 0 renames each damaged checkpoint to ``damaged-<name>`` (never resumed, never pruned) and says so."""
-    if not skipped:
+def _set_aside(paths: list[tuple[Path, str]], prefix: str, outcome: str, timeout_s: float | None) -> None:
+    """Rank 0 renames each checkpoint to ``<prefix><name>`` (never resumed, never pruned) and says why."""
+    if not paths:
         return
     _barrier("the checkpoint check", timeout_s)  # every rank is done reading them
     if _rank() != 0:
         return
-    for path, err in skipped:
-        target = path.with_name(f"damaged-{path.name.removeprefix('.old-')}")
-        if target.exists():
-            shutil.rmtree(target)
+    for path, why in paths:
+        name = path.name.removeprefix(OLD_PREFIX)
+        target, copies = path.with_name(f"{prefix}{name}"), 1
+        while target.exists():  # an earlier one of that name stays
+            target, copies = path.with_name(f"{prefix}{name}.{copies}"), copies + 1
         path.rename(target)
         log.warning(
-            "checkpoint.resume=auto: skipped %s, damaged: %s; moved to %s; %s",
-            path.name,
-            err,
-            target.name,
-            outcome,
+            "checkpoint.resume: skipped %s, %s; moved to %s; %s", path.name, why, target.name, outcome
         )
+
+
+def resume_plan(config: Config, world_size: int, path: Path) -> ResumePlan:
+    """How checkpoint ``path`` resumes on ``world_size`` ranks of this config (exactly, or elastically), or a
+    one-line CheckpointError when it cannot; cheap, so the trainer asks before it loads the model."""
+    return plan_resume(
+        path,
+        read_meta(path),
+        world_size,
+        config.deepspeed.zero_stage,
+        elastic=config.checkpoint.elastic_resume,
+        tag=_DS_TAG,
+    )
 
 
 def load_checkpoint(engine: TrainingEngine, path: str | Path) -> TrainerState:
     """Restore model, optimizer, scheduler and this rank's RNG from a verified ``path``; return the trainer state.
 
+    At another world size (or ZeRO 1 <-> 2) the resume is elastic (see :mod:`~vlm_grpoma.trainer.elastic`).
     Nothing is unpickled beyond tensors, plain containers and DeepSpeed's own state classes.
     """
     path = Path(path)
     meta = read_meta(path)
-    if meta["world_size"] != engine.dist.world_size:
-        raise CheckpointError(
-            f"{path}: saved with {meta['world_size']} ranks, resuming with {engine.dist.world_size}; "
-            "exact resume needs the same world size"
-        )
+    plan = resume_plan(engine.config, engine.dist.world_size, path)
+    _check_fits(engine, path, meta)
+    load_dir, converted_s = path / DEEPSPEED_DIR, None
+    if plan.universal:
+        load_dir, converted_s = universal_folder(path, meta, _DS_TAG, engine.config.train.dist_timeout_s)
     use_safe_checkpoint_loading(engine.deepspeed)
     try:
-        loaded, _ = engine.deepspeed.load_checkpoint(
-            str(path / "deepspeed"),
-            tag=_DS_TAG,
-            load_optimizer_states=True,
-            load_lr_scheduler_states=True,
-            custom_load_fn=_load_trainable,
-        )
-    except (RuntimeError, KeyError, ValueError, AssertionError) as err:
+        with universal_loading(engine.deepspeed) if plan.universal else nullcontext():
+            loaded, _ = engine.deepspeed.load_checkpoint(
+                str(load_dir),
+                tag=_DS_TAG,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=True,
+                custom_load_fn=_load_trainable,
+            )
+    except (RuntimeError, KeyError, ValueError, AssertionError, AttributeError, TypeError) as err:
         detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
         raise CheckpointError(
             f"{path}: does not fit this run's model and optimizer (model, LoRA or ZeRO settings differ?): {detail}"
         ) from None
     if loaded is None:
-        raise CheckpointError(f"{path / 'deepspeed'}: DeepSpeed found no state to load")
-    set_rng_state(safe_torch_load(str(path / "rng" / f"rank-{engine.dist.rank:05d}.pt")))
-    saved = safe_torch_load(str(path / "trainer_state.pt"))
+        raise CheckpointError(f"{load_dir}: DeepSpeed found no state to load")
+    state = _trainer_state(path, meta)
+    rank = engine.dist.rank
+    if rank < meta["world_size"]:
+        set_rng_state(safe_torch_load(str(path / rng_file(rank))))
+    else:  # a rank the checkpoint had none for (elastic resume on more ranks)
+        seed_new_rank(engine.config.seed, state.step, rank)
+    if plan.elastic and rank == 0:
+        where = ""
+        if plan.universal:
+            how = "reused" if converted_s is None else f"converted in {converted_s:.1f} s"
+            where = f" ({load_dir}, {how})"
+        log.warning("checkpoint %s: %s%s", path.name, plan.describe(), where)
+    return state
+
+
+def _trainer_state(path: Path, meta: dict[str, Any]) -> TrainerState:
+    saved = safe_torch_load(str(path / TRAINER_STATE_FILE))
     try:
-        return TrainerState(**saved)
+        state = TrainerState(**saved)
     except TypeError:
-        raise CheckpointError(f"{path / 'trainer_state.pt'}: not a trainer state") from None
+        raise CheckpointError(f"{path / TRAINER_STATE_FILE}: not a trainer state") from None
+    if state.step != meta["step"] or not isinstance(state.data, dict) or not isinstance(state.metrics, dict):
+        raise CheckpointError(
+            f"{path / TRAINER_STATE_FILE}: not the trainer state of step {meta['step']} (step {state.step!r}, "
+            "data and metrics must be mappings)"
+        )
+    return state
+
+
+def _check_fits(engine: TrainingEngine, path: Path, meta: dict[str, Any]) -> None:
+    """What this run cannot take over from the checkpoint beyond its world size and ZeRO stage
+    (:func:`resume_plan`), said before DeepSpeed reads it: another model under frozen weights (an error);
+    another learning rate (a warning)."""
+    saved_model, model = meta.get("model"), local_path(engine.config.model.name_or_path)
+    if saved_model and saved_model != model and _frozen_names(engine.module):
+        raise CheckpointError(
+            f"{path}: trained on model.name_or_path={saved_model}, resuming with {model}; its frozen weights "
+            f"are not saved and would come from the new model: set model.name_or_path={saved_model}"
+        )
+    saved_lr, lr = meta.get("learning_rate"), engine.config.optim.learning_rate
+    if saved_lr is not None and saved_lr != lr and _rank() == 0:
+        log.warning(
+            "optim.learning_rate=%g differs from the %g the checkpoint %s was trained with: the checkpoint's "
+            "learning-rate schedule wins (exact resume); start a new run from its model to change it",
+            lr,
+            saved_lr,
+            path.name,
+        )

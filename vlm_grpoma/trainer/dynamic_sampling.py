@@ -18,58 +18,62 @@ from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.rewards.base import RewardResult
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.trainer.logging import reduce_metrics
+from vlm_grpoma.trainer.scoring import ScoredTree
 
 
 @dataclass
 class ScoredBatch:
-    """A rank's prompts with their rollout tree and scores (rewards and parse flags ``[B, K, M]``; the reward
-    result flat over (b, k, m))."""
+    """A rank's prompts with their rollout tree and its scores."""
 
     records: list[Record]
     tree: RolloutTree
-    result: RewardResult
-    rewards: torch.Tensor
-    parsed: torch.Tensor
+    scored: ScoredTree
 
     @property
     def size(self) -> int:
         return len(self.records)
 
     def select(self, prompts: list[int]) -> ScoredBatch:
-        per_prompt = self.rewards.shape[1] * self.rewards.shape[2]
+        scored = self.scored
+        per_prompt = scored.rewards.shape[1] * scored.rewards.shape[2]
         flat = [b * per_prompt + i for b in prompts for i in range(per_prompt)]
         result = RewardResult(
-            total=[self.result.total[i] for i in flat],
-            components={name: [values[i] for i in flat] for name, values in self.result.components.items()},
-            failures=dict(self.result.failures),
+            total=[scored.result.total[i] for i in flat],
+            components={name: [values[i] for i in flat] for name, values in scored.result.components.items()},
+            failures=dict(scored.result.failures),
         )
         return ScoredBatch(
             [self.records[b] for b in prompts],
             self.tree.select(prompts),
-            result,
-            self.rewards[prompts],
-            self.parsed[prompts],
+            ScoredTree(
+                [scored.completions[i] for i in flat], result, scored.rewards[prompts], scored.parsed[prompts]
+            ),
         )
 
     @staticmethod
     def concatenate(batches: list[ScoredBatch]) -> ScoredBatch:
         """The batches' prompts in order; failure counts add up (they count every answer scored)."""
+        parts = [b.scored for b in batches]
         failures: dict[str, int] = {}
-        for batch in batches:
-            for reason, count in batch.result.failures.items():
+        for part in parts:
+            for reason, count in part.result.failures.items():
                 failures[reason] = failures.get(reason, 0) + count
-        names = list(batches[0].result.components)
+        names = list(parts[0].result.components)
         result = RewardResult(
-            total=[v for b in batches for v in b.result.total],
-            components={n: [v for b in batches for v in b.result.components[n]] for n in names},
+            total=[v for p in parts for v in p.result.total],
+            components={n: [v for p in parts for v in p.result.components[n]] for n in names},
             failures=failures,
+        )
+        scored = ScoredTree(
+            [c for p in parts for c in p.completions],
+            result,
+            torch.cat([p.rewards for p in parts]),
+            torch.cat([p.parsed for p in parts]),
         )
         return ScoredBatch(
             [r for b in batches for r in b.records],
             RolloutTree.concatenate([b.tree for b in batches]),
-            result,
-            torch.cat([b.rewards for b in batches]),
-            torch.cat([b.parsed for b in batches]),
+            scored,
         )
 
 
@@ -107,12 +111,12 @@ def refill(
     """Keep ``first``'s informative prompts and add those of ``draw(round)`` (a fresh share of prompts, rolled
     out and scored) until the share is full on every rank or ``max_rounds`` rounds ran."""
     target = first.size
-    found = informative_prompts(first.rewards)
+    found = informative_prompts(first.scored.rewards)
     kept, have, informative, rolled, rounds = [first.select(found)], len(found), len(found), first.size, 0
     while rounds < max_rounds and reduce_metrics({"short": float(have < target)}, "max", timeout_s)["short"]:
         rounds += 1
         more = draw(rounds)
-        found = informative_prompts(more.rewards)
+        found = informative_prompts(more.scored.rewards)
         rolled, informative = rolled + more.size, informative + len(found)
         useful = more.select(found[: max(target - have, 0)])
         kept.append(useful)

@@ -146,9 +146,8 @@ class TrainingEngine:
         self._micro_steps, self._step_micro_batches = 0, None
         learning_rate = self.learning_rate
         optimizer = self.deepspeed.optimizer
-        manual = (
-            optimizer is self.deepspeed.basic_optimizer
-        )  # ZeRO-0 fp32: no DeepSpeed wrapper checks overflow
+        # ZeRO-0 fp32: no DeepSpeed wrapper checks overflow
+        manual = optimizer is self.deepspeed.basic_optimizer
         if manual:
             grad_norm = _global_norm([p.grad for p in self.module.parameters() if p.grad is not None])
             optimizer.overflow = not math.isfinite(grad_norm)  # DeepSpeed then skips the LR step as well

@@ -12,16 +12,22 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.jsonl import RecordError, read_records
 from vlm_grpoma.datasets.schema import Record
-from vlm_grpoma.errors import CommandError
-from vlm_grpoma.rollout.engine import SamplingParams
+from vlm_grpoma.errors import ConfigError, DataError
+from vlm_grpoma.sampling import SamplingParams
 from vlm_grpoma.trainer.logging import sum_over_ranks
 from vlm_grpoma.trainer.scoring import score_tree
+
+if TYPE_CHECKING:
+    from vlm_grpoma.models.qwen import QwenVLAdapter
+    from vlm_grpoma.rewards.base import Reward
+    from vlm_grpoma.rollout.base import RolloutEngine
 
 _SET_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -42,31 +48,16 @@ def load_eval_sets(config: Config) -> list[EvalSet]:
     for name, path in config.data.eval_sets.items():
         key = f"data.eval_sets.{name}"
         if not _SET_NAME.fullmatch(name):
-            raise CommandError(f"{key}: set names become metric keys; use letters, digits, '_', '-' or '.'")
+            raise ConfigError(f"{key}: set names become metric keys; use letters, digits, '_', '-' or '.'")
         try:
             records = read_records(path, skip_bad=config.data.skip_bad_records, check_images=True)
         except RecordError as err:
-            raise CommandError(f"{key}: {err}") from None
+            raise DataError(f"{key}: {err}") from None
         kept = [r for r in records if r.task == config.data.task]
         if not kept:
-            raise CommandError(f"{key}: {path} has no {config.data.task} records (data.task)")
+            raise DataError(f"{key}: {path} has no {config.data.task} records (data.task)")
         sets.append(EvalSet(name, kept))
     return sets
-
-
-def greedy_params(config: Config) -> SamplingParams:
-    """One greedy thought and one greedy answer per record, with the training token budgets."""
-    r = config.rollout
-    return SamplingParams(
-        num_thoughts=1,
-        answers_per_thought=1,
-        temperature=0.0,
-        top_p=1.0,
-        top_k=0,
-        max_thought_tokens=r.max_thought_tokens,
-        max_answer_tokens=r.max_answer_tokens,
-        seed=config.seed,
-    )
 
 
 def _equal_shard(records: Sequence[Record], rank: int, world_size: int) -> tuple[list[Record], int]:
@@ -79,9 +70,9 @@ def _equal_shard(records: Sequence[Record], rank: int, world_size: int) -> tuple
 
 def evaluate_sets(
     sets: Sequence[EvalSet],
-    rollout,
-    adapter,
-    rewards,
+    rollout: RolloutEngine,
+    adapter: QwenVLAdapter,
+    rewards: Reward,
     params: SamplingParams,
     *,
     rank: int,
@@ -97,12 +88,12 @@ def evaluate_sets(
             chunk = shard[start : start + batch_size]
             tree = rollout.sample(adapter.build_inputs(chunk), params)
             keep = max(0, min(len(chunk), real - start))  # padding entries are decoded but not counted
-            result, totals, parsed = score_tree(tree, chunk, adapter, rewards)
-            sums["parsed"] += float(parsed.flatten()[:keep].sum())
-            kept = totals.flatten()[:keep]
+            scored = score_tree(tree, chunk, adapter, rewards)
+            sums["parsed"] += float(scored.parsed.flatten()[:keep].sum())
+            kept = scored.rewards.flatten()[:keep]
             sums["reward"] += float(kept.nansum())
             sums["non_finite"] = sums.get("non_finite", 0.0) + float((~torch.isfinite(kept)).sum())
-            for name, values in result.components.items():
+            for name, values in scored.result.components.items():
                 sums[name] = sums.get(name, 0.0) + float(
                     torch.tensor(values[:keep], dtype=torch.float64).nansum()
                 )

@@ -21,14 +21,14 @@ from vlm_grpoma.algorithm.diagnostics import logprob_mismatch
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import ConfigError
-from vlm_grpoma.models.record_checks import screen_records
-from vlm_grpoma.rewards.registry import build_rewards
+from vlm_grpoma.rewards.registry import build_rewards, check_rewards_fit_task
 from vlm_grpoma.rollout.backends import build_rollout_engine
-from vlm_grpoma.rollout.engine import SamplingParams
 from vlm_grpoma.rollout.tree import RolloutTree
+from vlm_grpoma.sampling import SamplingParams
+from vlm_grpoma.trainer.adaptive_answers import allocation_metrics, two_phase_rollout
 from vlm_grpoma.trainer.base import Trainer
 from vlm_grpoma.trainer.dynamic_sampling import ScoredBatch, refill
-from vlm_grpoma.trainer.evaluation import EvalSet, evaluate_sets, greedy_params, load_eval_sets
+from vlm_grpoma.trainer.evaluation import evaluate_sets, load_eval_sets
 from vlm_grpoma.trainer.logging import reduce_metrics
 from vlm_grpoma.trainer.logprobs import PathLogProbs, ScoringOptions, path_log_probs
 from vlm_grpoma.trainer.micro_batches import micro_batches, row_tokens
@@ -48,31 +48,17 @@ def sampling_seed(seed: int, step: int, rank: int, refill_round: int = 0) -> int
 class GRPOMATrainer(Trainer):
     """GRPO-MA: K thoughts x M answers per prompt, rewards, advantages, the clipped objective."""
 
+    command = "train"
+
     def __init__(self, config: Config, *, model: torch.nn.Module | None = None) -> None:
         try:  # before any model is loaded: a misspelt reward fails in a second
-            self.rewards = build_rewards(config.rewards.weights, config.rewards.options)
+            check_rewards_fit_task(config.rewards.weights, config.data.task)
+            rewards = build_rewards(config.rewards.weights, config.rewards.options)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        self.eval_sets: list[EvalSet] = load_eval_sets(config)
-        super().__init__(config, model=model)
+        super().__init__(config, model=model, held_out=load_eval_sets(config))
+        self.rewards = rewards
         self.rollout = build_rollout_engine(config, self.engine, self.adapter, dist=self.dist)
-
-    def check_more_data(self) -> None:
-        """The held-out sets, like the training records, hold only records this model can take."""
-        data = self.config.data
-        self.eval_sets = [
-            EvalSet(
-                s.name,
-                screen_records(
-                    s.records,
-                    self.adapter,
-                    data.max_prompt_tokens,
-                    source=f"data.eval_sets.{s.name}: {data.eval_sets[s.name]}",
-                    skip_bad=data.skip_bad_records,
-                ),
-            )
-            for s in self.eval_sets
-        ]
 
     def evaluation(self, final: bool = False) -> dict[str, float]:
         """Held-out metrics when ``train.eval_every`` says so (before step 1, every N steps, after the last)."""
@@ -85,7 +71,7 @@ class GRPOMATrainer(Trainer):
             self.rollout,
             self.adapter,
             self.rewards,
-            greedy_params(self.config),
+            SamplingParams.from_config(self.config.rollout, self.config.seed, greedy=True),
             rank=self.dist.rank,
             world_size=self.dist.world_size,
             batch_size=self.config.train.eval_batch_prompts,
@@ -111,11 +97,23 @@ class GRPOMATrainer(Trainer):
         return self.rollout.sample(self.adapter.build_inputs(records), self._sampling_params(refill_round))
 
     def _scored(self, records: list[Record], timer: PhaseTimer, refill_round: int = 0) -> ScoredBatch:
+        """``records`` rolled out and scored: the K x M tree, or with adaptive answers the two-phase ragged one."""
+        adaptive = self.config.rollout.adaptive_answers
+        if adaptive.enabled:
+            tree, scored = two_phase_rollout(
+                self.rollout,
+                self.adapter.build_inputs(records),
+                self._sampling_params(refill_round),
+                adaptive,
+                lambda part: score_tree(part, records, self.adapter, self.rewards),
+                timer,
+            )
+            return ScoredBatch(records, tree, scored)
         with timer("rollout"):
             tree = self._rollout(records, refill_round)
         with timer("reward"):
-            result, rewards, parsed = score_tree(tree, records, self.adapter, self.rewards)
-        return ScoredBatch(records, tree, result, rewards, parsed)
+            scored = score_tree(tree, records, self.adapter, self.rewards)
+        return ScoredBatch(records, tree, scored)
 
     def _step_batch(self, timer: PhaseTimer) -> tuple[ScoredBatch, dict[str, float]]:
         """This rank's share of the step, rolled out and scored; with dynamic sampling, refilled."""
@@ -148,7 +146,7 @@ class GRPOMATrainer(Trainer):
         """GRPO-MA advantages of the step's rewards and token weights of the whole optimizer batch."""
         config, algo = self.config, self.config.algorithm
         thought_adv, answer_adv = grpo_ma_advantages(
-            rewards, scale=algo.advantage_scale, eps=algo.advantage_eps
+            rewards, scale=algo.advantage_scale, eps=algo.advantage_eps, answer_mask=tree.answer_present
         )
         thought_mask = tree.thought_loss_mask(len(self.adapter.tokens.think_close))
         thought_weights, answer_weights = grpo_ma_token_weights(
@@ -158,6 +156,7 @@ class GRPOMATrainer(Trainer):
             thought_loss_weight=algo.thought_loss_weight,
             max_completion_tokens=config.rollout.max_thought_tokens + config.rollout.max_answer_tokens,
             thought_weighting=algo.thought_weighting,
+            answer_mask=tree.answer_present,
         )
         return SegmentTargets(thought_adv, answer_adv, thought_weights, answer_weights, thought_mask)
 
@@ -197,8 +196,10 @@ class GRPOMATrainer(Trainer):
                 logp = self._log_probs(
                     engine.deepspeed, tree, chunk, scoring if epoch == 0 or entropy_trains else fixed
                 )
-                if epoch == 0:  # the policy that sampled the tree: its log-probs should match the rollout's
-                    pairs.append((logp.thought, tree.thought_logprobs[chunk], tree.thought_mask[chunk]))
+                if (
+                    epoch == 0
+                ):  # the sampling policy: its log-probs of the sampled tokens should be the rollout's
+                    pairs.append((logp.thought, tree.thought_logprobs[chunk], targets.thought_mask[chunk]))
                     pairs.append((logp.answer, tree.answer_logprobs[chunk], tree.answer_mask[chunk]))
                 segments = micro_batch_segments(
                     tree,
@@ -217,11 +218,12 @@ class GRPOMATrainer(Trainer):
                     losses.add(output)
             steps.append(engine.step())
             self.rollout.update_weights(engine)
+        answer_adv = targets.answer_adv if tree.answer_present is None else targets.answer_adv[tree.present]
         metrics = losses.metrics(algo.policy_epochs) | {
             "train/skipped_steps": float(sum(result.skipped for result in steps)),
             "train/learning_rate": sum(result.learning_rate for result in steps) / len(steps),
             "adv/thought_abs_mean": float(targets.thought_adv.abs().mean()),
-            "adv/answer_abs_mean": float(targets.answer_adv.abs().mean()),
+            "adv/answer_abs_mean": float(answer_adv.abs().mean()),
         }
         metrics |= logprob_mismatch(pairs).metrics() | segment_stats.metrics(correction)
         return metrics, steps[-1].grad_norm
@@ -230,22 +232,28 @@ class GRPOMATrainer(Trainer):
         """One step on this rank's share of the prompts: rollout, rewards, update; the metrics of all ranks."""
         timer = PhaseTimer()
         batch, refill_metrics = self._step_batch(timer)
-        tree, result = batch.tree, batch.result
-        samples = completion_samples(tree, batch.records, result, batch.parsed, self.config.logging.samples)
+        tree, scored, result = batch.tree, batch.scored, batch.scored.result
+        samples = completion_samples(tree, batch.records, result, scored.parsed, self.config.logging.samples)
         self.logger.log_samples(self.step + 1, samples)
         with timer("update"):
-            update, grad_norm = self._update(tree, self._targets(tree, batch.rewards))
+            update, grad_norm = self._update(tree, self._targets(tree, scored.rewards))
         local = (
             rollout_metrics(tree, timer.seconds["rollout"])
-            | reward_metrics(batch.rewards, batch.parsed, result)
+            | reward_metrics(scored.rewards, scored.parsed, result, tree.answer_present)
             | update
             | refill_metrics
             | timer.metrics()
         )
+        if self.config.rollout.adaptive_answers.enabled:
+            local |= allocation_metrics(tree, scored.rewards, self.config.rollout.adaptive_answers.first)
         timeout = self.config.train.dist_timeout_s
         metrics = reduce_metrics(local, timeout_s=timeout)
         metrics |= global_reward_metrics(
-            batch.rewards, result.failures, timeout, step=self.step + 1, is_main=self.dist.is_main
+            scored.rewards[tree.present],
+            result.failures,
+            timeout,
+            step=self.step + 1,
+            is_main=self.dist.is_main,
         )
         metrics |= self.gradient_metrics(grad_norm)
         metrics["time/step_s"] = timer.elapsed()

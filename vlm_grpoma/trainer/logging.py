@@ -20,13 +20,13 @@ from typing import Any, Literal
 import torch
 
 from vlm_grpoma.config import LoggingConfig
+from vlm_grpoma.errors import StorageError
+from vlm_grpoma.run_layout import METRICS_FILE, SAMPLES_FILE, TENSORBOARD_DIR
 from vlm_grpoma.trainer.collectives import collective
-from vlm_grpoma.trainer.run_dir import METRICS_FILE, atomic_write_text, storage_errors
+from vlm_grpoma.trainer.run_dir import atomic_write_text, storage_errors
 
 REWARD_KEY = "reward/total_mean"
 STEP_TIME_KEY = "time/step_s"
-SAMPLES_FILE = "samples.jsonl"
-TENSORBOARD_DIR = "tensorboard"
 
 
 def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -169,12 +169,21 @@ class MetricsLogger:
             self._tensorboard.flush()
 
     def close(self) -> None:
+        """Close every writer; a storage failure of their last flush (disk full) is one StorageError, raised
+        once all of them are closed."""
+        failure = None
         for closer in (self._bar, self._tensorboard, self._jsonl):
             if closer is not None:
-                closer.close()
+                try:
+                    with storage_errors(self.output_dir, "writing metrics"):
+                        closer.close()
+                except StorageError as err:
+                    failure = failure or err
         if self._wandb is not None:
             self._wandb.finish()
         self._jsonl = self._tensorboard = self._wandb = self._bar = None
+        if failure is not None:
+            raise failure
 
     def __enter__(self) -> MetricsLogger:
         return self

@@ -93,7 +93,8 @@ def completion_log_probs(
         key: value.to(parameter.device)
         for key, value in collate(prompts, rows, prompt_of_row, tokens).items()
     }
-    batch["pixel_values"] = batch["pixel_values"].to(parameter.dtype)
+    if "pixel_values" in batch:  # absent for text-only prompts
+        batch["pixel_values"] = batch["pixel_values"].to(parameter.dtype)
     width = max(len(c) for c in completions)
     # Left padding: every completion ends at the last column; logits at column j predict token j + 1.
     logits = model(**batch, use_cache=False, logits_to_keep=width + 1).logits[:, :-1]
@@ -121,15 +122,19 @@ def path_log_probs(
     """Log-probs (with grad if enabled) of the thoughts and answers of ``prompt_indices``, one forward."""
     _, k_count, m_count = tree.shape
     b_count = len(prompt_indices)
+    index = list(prompt_indices)
+    present = tree.present[index].flatten()  # a ragged tree's absent answers get no row (and read as 0)
     owners, completions = [], []
     for b in prompt_indices:
         for k in range(k_count):
             thought = tree.thought_tokens(b, k)
             for m in range(m_count):
-                owners.append(b)
-                completions.append(torch.cat([thought, tree.answer_tokens(b, k, m)]))
+                if tree.present[b, k, m]:
+                    owners.append(b)
+                    completions.append(torch.cat([thought, tree.answer_tokens(b, k, m)]))
     per_path = completion_log_probs(model, tree.prompts, owners, completions, tokens, options)
-    index = list(prompt_indices)
+    if not bool(present.all()):
+        per_path = tuple(None if v is None else _scatter_rows(v, present) for v in per_path)
     thought_len = tree.thought_lengths[index].to(per_path[0].device)  # [b, K]
     lt, la = tree.thought_ids.shape[-1], tree.answer_ids.shape[-1]
     thought_mask = tree.thought_mask[index].to(thought_len.device)
@@ -146,6 +151,12 @@ def path_log_probs(
 
     (thought, answer), (thought_entropy, answer_entropy) = split(per_path[0]), split(per_path[1])
     return PathLogProbs(thought, answer, thought_entropy, answer_entropy)
+
+
+def _scatter_rows(values: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """``[P, C]`` rows of the present paths placed among all ``[len(present), C]`` paths (0 for the absent)."""
+    rows = present.to(values.device).nonzero().flatten()
+    return values.new_zeros((len(present), values.shape[1])).index_copy(0, rows, values)
 
 
 def _take(values: torch.Tensor, starts: torch.Tensor, width: int) -> torch.Tensor:

@@ -23,7 +23,7 @@ def row_tokens(tree: RolloutTree, logprob_pass: str) -> tuple[list[int], int]:
     """(tokens of each prompt's longest row, rows per prompt) of the log-prob pass over ``tree``.
 
     ``shared``: one packed row, prompt + every thought + every answer; ``naive``: K x M rows of prompt + thought
-    + answer (the longest path counts, as the rows are padded to it).
+    + answer (the longest path counts, as the rows are padded to it; a ragged tree's present answers only).
     """
     _, k_count, m_count = tree.shape
     prompt = torch.tensor([len(p.input_ids) for p in tree.prompts])
@@ -31,7 +31,9 @@ def row_tokens(tree: RolloutTree, logprob_pass: str) -> tuple[list[int], int]:
         branch = tree.thought_lengths.sum(1) + tree.answer_lengths.sum((1, 2))
         return (prompt + branch).tolist(), 1
     path = (tree.thought_lengths[:, :, None] + tree.answer_lengths).flatten(1).amax(1)
-    return (prompt + path).tolist(), k_count * m_count
+    return (prompt + path).tolist(), int(
+        tree.answer_counts.sum(1).max()
+    ) if tree.prompts else k_count * m_count
 
 
 def fixed_count(n_prompts: int, size: int) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""Shared-prefix training pass: each prompt's image + text once, each thought once for its M answers.
+"""Shared-prefix training pass: each prompt's image (if any) + text once, each thought once for its M answers.
 
 Same contract and numbers as :func:`~vlm_grpoma.trainer.logprobs.path_log_probs` (the naive pass, one row
 per (prompt, thought, answer) path), with gradients, through the model's own attention.
@@ -46,12 +46,11 @@ class PackedBatch:
     thought_of: torch.Tensor  # [b, L] thought index k of a thought or answer column, -1 in the prompt
     answer_of: torch.Tensor  # [b, L] answer index m of an answer column, -1 elsewhere
     mm_token_type_ids: torch.Tensor  # [b, L]
-    pixel_values: torch.Tensor
-    image_grid_thw: torch.Tensor
+    pixel_values: torch.Tensor | None  # None when no prompt of the rows has an image (text-only records)
+    image_grid_thw: torch.Tensor | None
     first_target_column: int  # columns before this one never predict a target (the left-padded prompt)
-    thought_source: (
-        torch.Tensor
-    )  # [b, K, Lt] predicting column of each thought token (any valid one at padding)
+    # [b, K, Lt] predicting column of each thought token (any valid one at padding)
+    thought_source: torch.Tensor
     answer_source: torch.Tensor  # [b, K, M, La]
 
 
@@ -66,7 +65,7 @@ def pack(
     prompt_pos, _ = rope_index_owner(model).get_rope_index(
         input_ids=head["input_ids"],
         mm_token_type_ids=head["mm_token_type_ids"],
-        image_grid_thw=head["image_grid_thw"],
+        image_grid_thw=head.get("image_grid_thw"),
         attention_mask=head["attention_mask"],
     )
     next_pos = prompt_pos.amax(dim=(0, 2)) + 1  # [b]
@@ -126,8 +125,8 @@ def pack(
         thought_of,
         answer_of,
         mm_types,
-        head["pixel_values"],
-        head["image_grid_thw"],
+        head.get("pixel_values"),
+        head.get("image_grid_thw"),
         width - 1,
         torch.stack(thought_source),
         torch.stack(answer_source),
@@ -249,15 +248,20 @@ def shared_prefix_log_probs(
     else:
         mask = dense_mask(packed, dtype, dev)
     keep = packed.input_ids.shape[1] - packed.first_target_column
+    visual = {}  # text-only rows: no vision inputs at all; a mixed batch carries the pictured prompts' only
+    if packed.pixel_values is not None:
+        visual = {
+            "pixel_values": packed.pixel_values.to(dev, dtype),
+            "image_grid_thw": packed.image_grid_thw.to(dev),
+        }
     logits = model(
         input_ids=packed.input_ids.to(dev),
         attention_mask=mask,
         position_ids=packed.position_ids.to(dev),
-        pixel_values=packed.pixel_values.to(dev, dtype),
-        image_grid_thw=packed.image_grid_thw.to(dev),
         mm_token_type_ids=packed.mm_token_type_ids.to(dev),
         use_cache=False,
         logits_to_keep=keep,
+        **visual,
     ).logits
     logits = tempered(logits, options.temperature)
     lse = torch.logsumexp(logits, dim=-1)  # [b, keep]: once per column, shared by all the targets it predicts

@@ -26,10 +26,7 @@ from typing import Any
 import yaml
 
 from vlm_grpoma.errors import StorageError
-
-LOCK_FILE = ".vlm-grpoma.lock"
-CONFIG_FILE = "config.yaml"
-METRICS_FILE = "metrics.jsonl"
+from vlm_grpoma.run_layout import CONFIG_FILE, LOCK_FILE, METRICS_FILE, checkpoint_root
 
 _ERRNO_PROBLEMS = {
     errno.ENOSPC: "disk full",
@@ -37,6 +34,7 @@ _ERRNO_PROBLEMS = {
     errno.EROFS: "read-only file system",
     errno.EACCES: "permission denied",
     errno.EPERM: "permission denied",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
 }
 #: How libraries that hide the errno (safetensors, torch's zip writer) word the same failures.
 _TEXT_PROBLEMS = (
@@ -129,6 +127,10 @@ class OutputLock:
 
     def __init__(self, output_dir: str | Path) -> None:
         self.path = Path(output_dir) / LOCK_FILE
+        if self.path.parent.exists() and not self.path.parent.is_dir():
+            raise StorageError(
+                f"logging.output_dir: {self.path.parent} is not a folder (a file or device is there)"
+            )
         with storage_errors(self.path, "logging.output_dir"):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a+", encoding="utf-8")  # closed in release()
@@ -171,7 +173,7 @@ def refuse_foreign_run(output_dir: str | Path, resume: str) -> None:
     held = []
     if rows := _metrics_rows(out / METRICS_FILE):
         held.append(f"{METRICS_FILE} with {rows} row(s)")
-    checkpoints = out / "checkpoints"
+    checkpoints = checkpoint_root(out)
     if checkpoints.is_dir() and (names := sorted(p.name for p in checkpoints.iterdir())):
         held.append(f"checkpoints/{names[-1]}" + (f" and {len(names) - 1} more" if len(names) > 1 else ""))
     if held:

@@ -4,18 +4,23 @@ DeepSpeed's checkpoint engine unpickles ``deepspeed/state/*.pt`` with ``torch.lo
 copied or tampered checkpoint could execute anything on ``checkpoint.resume``. :func:`use_safe_checkpoint_loading`
 swaps in an engine that loads with ``weights_only=True`` and allows, beyond tensors and plain containers, only
 the DeepSpeed classes its optimizers save (listed in :data:`DEEPSPEED_STATE_TYPES`). Anything else is refused
-with a :class:`~vlm_grpoma.errors.CheckpointError` naming the file and the object.
+with a :class:`~vlm_grpoma.errors.CheckpointError` naming the file and the object. DeepSpeed's universal
+checkpoint conversion and loading call ``torch.load`` directly; :func:`safe_torch_loads` covers them.
 """
 
 from __future__ import annotations
 
 import pickle
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from vlm_grpoma.errors import CheckpointError
+
+_torch_load = torch.load  # the real one, also while safe_torch_loads() stands in for it
 
 
 def deepspeed_state_types() -> list[type]:
@@ -32,7 +37,7 @@ def safe_torch_load(path: str, map_location: Any = None) -> Any:
     """``torch.load`` of a checkpoint file with ``weights_only=True`` and DeepSpeed's state classes allowed."""
     with torch.serialization.safe_globals(deepspeed_state_types()):
         try:
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return _torch_load(path, map_location=map_location, weights_only=True)
         except pickle.UnpicklingError as err:
             found = re.search(r"GLOBAL ([\w.]+)|global ([\w.]+)|Unsupported operand \d+", str(err))
             what = next((g for g in found.groups() if g), found.group(0)) if found else "code"
@@ -61,3 +66,18 @@ def use_safe_checkpoint_loading(engine: Any) -> None:
             return safe_torch_load(path, map_location)
 
     current.__class__ = SafeTorchCheckpointEngine
+
+
+@contextmanager
+def safe_torch_loads() -> Iterator[None]:
+    """Inside, every ``torch.load`` is :func:`safe_torch_load`: DeepSpeed's universal-checkpoint conversion and
+    loading call ``torch.load(weights_only=False)`` themselves, outside its checkpoint engine."""
+
+    def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return safe_torch_load(str(f), map_location)
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = _torch_load

@@ -19,7 +19,10 @@ def completion_samples(
     ``result`` and ``parsed`` are :func:`~vlm_grpoma.trainer.scoring.score_tree`'s: flat over (b, k, m) and
     ``[B, K, M]``."""
     b_count, k_count, m_count = tree.shape
-    order = [(b, k, m) for b in range(b_count) for m in range(m_count) for k in range(k_count)]
+    present = tree.present
+    order = [
+        (b, k, m) for b in range(b_count) for m in range(m_count) for k in range(k_count) if present[b, k, m]
+    ]
     samples = []
     for b, k, m in order[:count]:
         flat = (b * k_count + k) * m_count + m

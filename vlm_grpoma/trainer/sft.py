@@ -1,10 +1,12 @@
 """``vlm-grpoma sft``: supervised warm start on ground-truth answers (the paper's SFT baseline, the demo's start).
 
 Each record's target is its reference thought (``meta["thought"]`` when the data has one, e.g. relational
-shapes) or a short templated thought naming where the target is (in the model's coordinate frame), then the
-ground truth written as this family's answer JSON::
+shapes, arithmetic) or a short templated thought naming where the target is (in the model's coordinate frame;
+for a short-answer record, the answer), then the ground truth written as this family's answer JSON (a short
+answer as its text)::
 
     <think>The target is near (412, 230).</think><answer>[{"bbox_2d": [380, 200, 444, 260], ...}]</answer>
+    <think>7+5=12, 12*3=36, 36-4=32</think><answer>32</answer>
 
 (a prompt that already opened the thought gets ``The target is near (412, 230).\n</think>\n\n<answer>…``).
 
@@ -17,23 +19,30 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from vlm_grpoma.answers import Answer, Boxes, ContactAction, Points, Trajectory
+from vlm_grpoma.answers import Answer, Boxes, ContactAction, Points, TextAnswer, Trajectory
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.images import load_mask
-from vlm_grpoma.datasets.schema import MaskRef, Record
+from vlm_grpoma.datasets.schema import MaskRef, Record, ShortAnswer
 from vlm_grpoma.trainer.base import Trainer
 from vlm_grpoma.trainer.logging import reduce_metrics
 from vlm_grpoma.trainer.logprobs import completion_log_probs
 from vlm_grpoma.trainer.micro_batches import micro_batches
 
+if TYPE_CHECKING:
+    from vlm_grpoma.models.qwen import QwenVLAdapter
+
 
 def reference_answer(record: Record) -> Answer:
-    """The record's ground truth as an answer (a mask becomes its inside pixel nearest the mask's centroid)."""
+    """The record's ground truth as an answer (a mask becomes its inside pixel nearest the mask's centroid, a
+    short answer its text)."""
     gt = record.ground_truth
+    if isinstance(gt, ShortAnswer):
+        return TextAnswer(gt.answer)
     if not isinstance(gt, MaskRef):
         return gt
     inside = np.argwhere(load_mask(gt.path))
@@ -56,18 +65,20 @@ def _anchor(answer: Answer) -> tuple[float, float]:
     raise TypeError(f"not an answer: {answer!r}")
 
 
-def reference_thought(adapter, record: Record, answer: Answer) -> str:
+def reference_thought(adapter: QwenVLAdapter, record: Record, answer: Answer) -> str:
     """The record's own reference thought (``meta["thought"]``, e.g. relational shapes), else a templated one
-    naming where the answer is in the adapter's frame."""
+    naming where the answer is in the adapter's frame (or, for a short answer, what it is)."""
     if isinstance(record.meta.get("thought"), str) and record.meta["thought"]:
         return record.meta["thought"]
+    if isinstance(answer, TextAnswer):
+        return f"The answer is {answer.text}."
     frame = adapter.frame(record)
     x, y = _anchor(answer)
     mx, my = x * frame.model_width / frame.width, y * frame.model_height / frame.height
     return f"The target is near ({round(mx)}, {round(my)})."
 
 
-def target_text(adapter, record: Record) -> str:
+def target_text(adapter: QwenVLAdapter, record: Record) -> str:
     """Reference thought + ground-truth answer in the adapter's frame, written exactly as the model would write
     it: without ``<think>`` when the prompt already opened the thought."""
     answer = reference_answer(record)
@@ -77,6 +88,8 @@ def target_text(adapter, record: Record) -> str:
 
 class SFTTrainer(Trainer):
     """Teacher-forced cross-entropy on :func:`target_text` completions."""
+
+    command = "sft"
 
     def __init__(self, config: Config, *, model: torch.nn.Module | None = None) -> None:
         # No KL term in SFT: kl_beta = 0 keeps the engine from building a frozen reference copy.

@@ -51,11 +51,12 @@ class PhaseTimer:
 def rollout_metrics(tree: RolloutTree, rollout_seconds: float) -> dict[str, float]:
     """Lengths, truncation rates and sampling throughput of this rank's rollout tree."""
     sampled_tokens = float(tree.thought_mask.sum() + tree.answer_mask.sum())
+    present = tree.present  # the answers sampled (a ragged tree's absent slots are not answers)
     return {
         "lengths/thought_mean": float(tree.thought_lengths.float().mean()),
-        "lengths/answer_mean": float(tree.answer_lengths.float().mean()),
+        "lengths/answer_mean": float(tree.answer_lengths[present].float().mean()),
         "truncation/thought_rate": float(tree.thought_truncated.float().mean()),
-        "truncation/answer_rate": float(tree.answer_truncated.float().mean()),
+        "truncation/answer_rate": float(tree.answer_truncated[present].float().mean()),
         "tokens_per_s": sampled_tokens / max(rollout_seconds, 1e-9),
     }
 
@@ -69,12 +70,19 @@ def zero_thought_variance_fraction(rewards: torch.Tensor) -> float:
     return float((highest <= lowest).float().mean())
 
 
-def reward_metrics(rewards: torch.Tensor, parsed: torch.Tensor, result: RewardResult) -> dict[str, float]:
-    """This rank's parse rate, group signal, thought-advantage variance estimate and reward components."""
+def reward_metrics(
+    rewards: torch.Tensor,
+    parsed: torch.Tensor,
+    result: RewardResult,
+    answer_present: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """This rank's parse rate, group signal, thought-advantage variance estimate and reward components
+    (``answer_present``: a ragged tree's sampled answers, the others not counted)."""
+    present = torch.ones_like(parsed) if answer_present is None else answer_present
     metrics = {
-        "answers/parse_rate": float(parsed.float().mean()),
+        "answers/parse_rate": float(parsed[present].float().mean()),
         "groups/zero_thought_variance": zero_thought_variance_fraction(rewards),
-        "variance/thought_adv_estimate": float(thought_advantage_variance(rewards).nanmean()),
+        "variance/thought_adv_estimate": float(thought_advantage_variance(rewards, answer_present).nanmean()),
     }
     for name, component in result.components.items():
         metrics[f"reward/{name}_mean"] = float(torch.tensor(component, dtype=torch.float64).nanmean())

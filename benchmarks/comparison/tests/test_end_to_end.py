@@ -92,6 +92,39 @@ def test_paper_regime_quick_runs_from_the_command_line_and_answers_every_hypothe
     text = (docs / "results-paper-regime-quick.md").read_text()
     assert "`python benchmarks/compare.py --plan paper-regime --quick`" in text
     verdicts = re.findall(r"^\| (H\d) \|.*\*\*(supported|not supported|inconclusive)\*\* \|$", text, re.M)
-    assert [name for name, _ in verdicts] == ["H1", "H2", "H3", "H4"]
-    assert all(v == "inconclusive" for _, v in verdicts)  # one seed decides nothing
+    assert [name for name, _ in verdicts] == [
+        "H1",
+        "H2",
+        "H3",
+        "H4",
+        "H5",
+    ]  # H5: no adaptive arm in this plan
+    assert all(v == "inconclusive" for _, v in verdicts)  # one seed (and no adaptive arm) decides nothing
     assert (docs / "images" / "compare-paper-regime-quick_relational.png").is_file()
+
+
+def test_reasoning_quick_trains_every_arm_on_text_only_arithmetic_and_answers_every_hypothesis(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    out, docs = tmp_path / "runs", tmp_path / "docs"
+    assert main(["--plan", "reasoning", "--quick", "--out", str(out), "--docs", str(docs)]) == 0
+    plan = ComparePlan.reasoning_quick()
+    layout = Layout(out)
+    task = plan.tasks[0]
+    records = [json.loads(line) for line in layout.records(task, "train").read_text().splitlines()]
+    assert records and all(r["task"] == "answer" and r.get("image") is None for r in records)
+    for arm in plan.arms:
+        rows = [
+            json.loads(line) for line in (layout.arm(task, arm, 0) / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert rows[-1]["time/trained_s"] >= plan.time_budget_s  # each arm stopped on its time budget
+        assert all(
+            0 <= r["eval/test/answer_match_mean"] <= 1 for r in rows if "eval/test/answer_match_mean" in r
+        )
+    text = (docs / "results-reasoning-quick.md").read_text()
+    assert text.startswith("# Results on a reasoning task: GRPO-MA vs GRPO at equal time")
+    assert "`python benchmarks/compare.py --plan reasoning --quick`" in text and "text only" in text
+    verdicts = re.findall(r"^\| (H\d) \|(.*)\*\*(supported|not supported|inconclusive)\*\* \|$", text, re.M)
+    assert [name for name, *_ in verdicts] == ["H1", "H2", "H3", "H4", "H5"]
+    assert "held-out accuracy" in verdicts[1][1] and "IoU" not in verdicts[1][1]

@@ -95,3 +95,26 @@ def test_one_seed_decides_nothing():
     one = {"step_seconds": [0.3], "held": [0.9]}
     verdicts = _verdicts(T4A4=one, T16A1={"step_seconds": [1.0], "held": [0.1]})
     assert verdicts["H1"] == INCONCLUSIVE and verdicts["H2"] == INCONCLUSIVE
+
+
+def test_h2_names_the_tasks_metric_and_the_smallest_difference_the_seeds_detect():
+    """The power statement is (t_0.975 + t_0.8) · se at Welch's df: a true difference that large is found 80 % of
+    the time (checked by simulation with the noncentral t); the metric is the task's, not always IoU."""
+    from comparison.summary import difference
+
+    ma, grpo = Stat.of([0.6, 0.3, 0.7]), Stat.of([0.5, 0.45, 0.55])
+    diff = difference(ma, grpo)
+    detectable = diff.detectable()
+    assert detectable == pytest.approx((stats.t.ppf(0.975, diff.df) + stats.t.ppf(0.8, diff.df)) * diff.se)
+    power = 1 - stats.nct.cdf(stats.t.ppf(0.975, diff.df), diff.df, detectable / diff.se)
+    assert 0.75 < power < 0.82  # the (t + t) rule is the usual approximation of the noncentral t's 80 %
+    summaries = {name: _arm(name) for name in ("T4A4", "T16A1", "T8A2")}
+    summaries["T4A4"] = _arm("T4A4", held=ma.values)
+    summaries["T16A1"] = _arm("T16A1", held=grpo.values)
+    gss = {"T4A4": Stat.of([1.0, 1.1, 0.9]), "T16A1": Stat.of([1.0, 1.2, 0.8])}
+    [h2] = [j for j in judge(summaries, gss, 10, "accuracy") if j.hypothesis.name == "H2"]
+    assert "held-out accuracy" in h2.hypothesis.claim and "IoU" not in h2.hypothesis.claim + h2.evidence
+    assert f"could detect a difference of {detectable:.3f}" in h2.evidence
+    one = {name: _arm(name, held=(0.5,)) for name in ("T4A4", "T16A1", "T8A2")}
+    [h2] = [j for j in judge(one, gss, 10) if j.hypothesis.name == "H2"]
+    assert "no difference can be judged" in h2.evidence and "held-out IoU" in h2.hypothesis.claim

@@ -12,7 +12,7 @@ from comparison.plan import Arm, ComparePlan
 
 from vlm_grpoma.cli import build_parser
 from vlm_grpoma.config import load_config, validate
-from vlm_grpoma.trainer.base import Trainer
+from vlm_grpoma.trainer.sft import SFTTrainer
 
 
 def test_arm_names_round_trip_and_bad_names_say_the_form():
@@ -56,8 +56,27 @@ def test_paper_regime_plans_train_every_arm_for_equal_time():
     quick = ComparePlan.named("paper-regime", quick=True)
     assert quick.equal_time and quick.arguments == " --plan paper-regime --quick" and quick.arms == plan.arms
     assert ComparePlan.named("toy", quick=True).name == "quick"
-    with pytest.raises(ValueError, match="--plan: unknown plan 'paper'; choose toy or paper-regime"):
+    with pytest.raises(ValueError, match="--plan: unknown plan 'paper'; choose toy, paper-regime, reasoning"):
         ComparePlan.named("paper")
+
+
+def test_reasoning_plans_train_text_only_arithmetic_for_equal_time(tmp_path):
+    plan = ComparePlan.named("reasoning")
+    assert plan.name == "reasoning" and plan.arguments == " --plan reasoning" and plan.equal_time
+    assert [a.name for a in plan.arms] == ["T4A1", "T16A1", "T4A4", "T8A2"] and plan.seeds == (0, 1, 2)
+    [task] = plan.tasks
+    assert (task.data_task, task.source, task.difficulty, task.headline_label) == (
+        "answer",
+        "arithmetic",
+        "easy",
+        "accuracy",
+    )
+    jobs = {j.name: j for j in build_jobs(plan, Layout(tmp_path))}
+    data = jobs["data/arithmetic/train"].args
+    assert data[data.index("--task") + 1] == "answer" and data[data.index("--source") + 1] == "arithmetic"
+    assert data[data.index("--difficulty") + 1] == "easy"
+    quick = ComparePlan.named("reasoning", quick=True)
+    assert quick.equal_time and quick.arguments == " --plan reasoning --quick" and quick.title == plan.title
 
 
 PLANS = [
@@ -65,6 +84,8 @@ PLANS = [
     ComparePlan.quick(),
     ComparePlan.paper_regime(),
     ComparePlan.paper_regime_quick(),
+    ComparePlan.reasoning(),
+    ComparePlan.reasoning_quick(),
 ]
 
 
@@ -83,9 +104,8 @@ def test_every_command_is_valid_and_waits_only_for_earlier_jobs(plan, tmp_path, 
         earlier.add(job.name)
         command = shlex.split(job.command())
         program = ["python", job.script] if job.script else ["vlm-grpoma"]
-        assert (
-            command[: len(program)] == program and str(tmp_path) not in job.command()
-        )  # paths relative to the checkout
+        # paths relative to the checkout
+        assert command[: len(program)] == program and str(tmp_path) not in job.command()
         assert command[len(program) :] == [a.replace(f"{tmp_path}/", "") for a in job.args]
         if not job.script:
             build_parser().parse_args(list(job.args))  # the CLI accepts it (argparse exits on a bad flag)
@@ -139,6 +159,38 @@ def test_warm_start_path_is_where_sft_leaves_its_final_model(tmp_path):
     layout = Layout(tmp_path)
     sft = next(j for j in build_jobs(plan, layout) if j.name == f"sft/{task.name}")
     config = load_config(sft.args[2], sft.args[3:])
-    run = Trainer.__new__(Trainer)  # final_model_dir needs only the config and the step count
+    # final_model_dir (Trainer's) needs only the config and the step count
+    run = SFTTrainer.__new__(SFTTrainer)
     run.config, run.step = config, config.train.steps
     assert run.final_model_dir == layout.warm_start(task)
+
+
+def test_the_adaptive_arm_spends_the_same_budget_per_prompt():
+    from comparison.plan import Arm
+
+    arm = Arm.parse("T4A4-adaptive")
+    assert arm.name == "T4A4-adaptive" and arm.samples == Arm.parse("T4A4").samples == 16
+    assert arm.overrides()[2:] == (
+        "rollout.adaptive_answers.enabled=true",
+        "rollout.adaptive_answers.first=2",
+        "rollout.adaptive_answers.budget=16",
+        "rollout.adaptive_answers.min_per_thought=2",
+        "rollout.adaptive_answers.max_per_thought=8",
+    )
+    with pytest.raises(ValueError, match="T<K>A<M>-adaptive with M >= 2"):
+        Arm.parse("T4A1-adaptive")
+
+
+def test_steps_and_page_options_shorten_every_arm_alike_and_name_the_report():
+    from comparison.report import report_names
+
+    plan = ComparePlan.full().select(tasks=["manipulation"]).with_steps(40).with_page("results-x.md")
+    assert [t.steps for t in plan.tasks] == [40]
+    assert plan.arguments == " --tasks manipulation --steps 40 --page results-x.md"
+    assert ComparePlan.full().with_steps(None).tasks[1].steps == 60
+    assert report_names(plan, "results-x.md") == ("results-x.md", "compare-x")
+    assert report_names(ComparePlan.full()) == ("results.md", "compare")
+    with pytest.raises(ValueError, match="--steps"):
+        ComparePlan.full().with_steps(0)
+    with pytest.raises(ValueError, match="--page"):
+        report_names(plan, "docs/results.md")

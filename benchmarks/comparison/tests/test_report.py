@@ -96,9 +96,8 @@ def test_read_run_parses_series_and_held_out_scores(tmp_path):
     )
     run = read_run(tmp_path / "run", "iou")
     assert run.steps == STEPS and np.allclose(run.reward, reward)
-    assert run.held_out == {
-        "test": {0: 0.1, 8: 0.2, STEPS: 0.3}
-    }  # eval/test/iou/giou_mean is not the headline
+    # eval/test/iou/giou_mean is not the headline
+    assert run.held_out == {"test": {0: 0.1, 8: 0.2, STEPS: 0.3}}
     assert run.gss10_count == 2 and run.eval_seconds == pytest.approx(6.0)
     assert np.allclose(run.wall_seconds, 1.5 * np.arange(1, STEPS + 1))
     assert run.phase_seconds == {"rollout": 0.5, "reward": 0.25, "update": 0.75}
@@ -176,9 +175,8 @@ def test_report_writes_table_verdicts_commands_and_figure(tmp_path):
     assert "- **T4A4 − T4A1**: held-out iou (test) +0.300 ± 0.008 (higher)" in text
     wall = (30 * (len(jobs) - 1) + 60) / 60
     assert f"the last one's end: {wall:.1f} min ({len(jobs):.1f} min of job time" in text
-    assert (
-        "32+ records per set" in text and "over 3 seeds per arm" in text
-    )  # the reading notes use this plan's sizes
+    # the reading notes use this plan's sizes
+    assert "32+ records per set" in text and "over 3 seeds per arm" in text
     assert "`python benchmarks/compare.py --quick --tasks detection --arms T4A1 T4A4`" in text
     assert "T4A1 training reward, last 10 − first 10 steps: +0.1" in text
     for job in jobs:
@@ -230,7 +228,14 @@ def test_equal_time_report_reads_scores_against_time_and_steps_and_answers_the_h
         and "max GSS over the first 12 steps" in text
     )
     verdicts = dict(re.findall(r"\| (H\d) \|.*\*\*(supported|not supported|inconclusive)\*\* \|", text))
-    assert verdicts == {"H1": "supported", "H2": "supported", "H3": "supported", "H4": "supported"}
+    # H5 needs the T4A4-adaptive arm, which this report did not run
+    assert verdicts == {
+        "H1": "supported",
+        "H2": "supported",
+        "H3": "supported",
+        "H4": "supported",
+        "H5": "inconclusive",
+    }
     assert "ratio 0.50 (95 % interval" in text and "predicted for M = 4 from T8A2: 0.333 (inside" in text
     assert (
         tmp_path / "docs" / "images" / "compare-paper-regime-quick_relational.png"
@@ -246,3 +251,28 @@ def test_toy_report_states_the_paper_regime_hypotheses(tmp_path):
     assert "## The paper's regime" in text and "[results-paper-regime.md](results-paper-regime.md)" in text
     for name in ("H1", "H2", "H3", "H4"):
         assert f"- **{name}**:" in text
+
+
+def test_a_t4a4_and_adaptive_subset_answers_h5_alone(tmp_path):
+    """``--arms T4A4 T4A4-adaptive`` (no T16A1) still decides H5; the others are not asked."""
+    plan = dataclasses.replace(
+        ComparePlan.quick().select(tasks=["detection"], arms=["T4A4", "T4A4-adaptive"]), seeds=(0, 1, 2)
+    )
+    layout = Layout(tmp_path / "runs")
+    task = plan.tasks[0]
+    variance = {"T4A4": 0.60, "T4A4-adaptive": 0.40}
+    for arm in plan.arms:
+        for seed in plan.seeds:
+            _write_run(
+                layout.arm(task, arm, seed),
+                reward=np.linspace(0.2, 0.5, STEPS),
+                held_out={0: 0.10, STEPS: 0.30 + 0.01 * seed},
+                thought_variance=variance[arm.name] + 0.01 * seed,
+            )
+    jobs = build_jobs(plan, layout)
+    timings = {job.name: Timing(60.0, 1000.0 + 30 * i, 1060.0 + 30 * i) for i, job in enumerate(jobs)}
+    text = write_results(plan, layout, jobs, timings, tmp_path / "docs").read_text()
+    verdicts = dict(re.findall(r"\| (H\d) \|.*\*\*(supported|not supported|inconclusive)\*\* \|", text))
+    # variance lower by 0.2 with a seed spread of 0.01 (clear); equal held-out scores are not lower
+    assert verdicts == {"H5": "supported"}
+    assert "T4A4-adaptive − T4A4 -0.200 ± 0.008" in text

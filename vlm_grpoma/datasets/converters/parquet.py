@@ -5,7 +5,9 @@ Which column holds what is given with ``--field NAME=COLUMN``:
 
 - ``image`` (default ``image``): a hub ``Image`` column (``{"bytes", "path"}``; bytes are written to
   ``<output>/images/``), raw image bytes, or a path relative to ``--image-root`` (default: the parquet's folder);
-- ``prompt`` (required): the referring expression or instruction;
+- ``prompt`` (required): the referring expression or instruction; a list column (lmms-lab/RefCOCO's
+  ``answer``: every expression of the object) gives one record per element, id ``<row id>-<index>``, sharing
+  the row's image and ground truth;
 - the ground truth of ``--task``: ``boxes`` (detection, affordance), ``points`` (affordance) or ``trajectory``;
   a value is a list of numbers (one box / point), a list of them, objects with ``bbox_2d`` / ``point_2d``, or
   that as a JSON string;
@@ -13,14 +15,20 @@ Which column holds what is given with ``--field NAME=COLUMN``:
   else ``train``) and ``label`` (the label of every box of the row).
 
 Coordinates are pixels, or fractions of the image size when every value of a row lies in [0, 1]; boxes are
-``[x1, y1, x2, y2]`` unless ``--box-format xywh`` (COCO). Needs pyarrow: ``pip install 'vlm-grpoma[parquet]'``.
+``[x1, y1, x2, y2]`` unless ``--box-format xywh`` (COCO). Embedded images are named by the row id and a
+hash of their bytes, so ids that sanitise alike (``cat/1``, ``cat_1``) never share a file. When every record
+gets the same prompt a warning says so (a fixed instruction column named as ``prompt``). Needs pyarrow
+(``pip install pyarrow``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +55,15 @@ FIELDS = ("image", "prompt", "id", "split", "label", "boxes", "points", "traject
 _HUB_SHARD = re.compile(r"^(?P<split>.+?)-\d{5}-of-\d{5}$")
 _BATCH_ROWS = 256
 
+log = logging.getLogger(__name__)
 
-def _pyarrow_parquet() -> Any:
+
+def pyarrow_parquet(source_format: str = "parquet") -> Any:
+    """``pyarrow.parquet``, or a MissingDependencyError saying ``--from source_format`` needs it."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise MissingDependencyError(
-            "--from parquet needs pyarrow: pip install 'vlm-grpoma[parquet]' (or pip install pyarrow)"
-        ) from None
+        raise MissingDependencyError(f"--from {source_format} needs pyarrow: pip install pyarrow") from None
     return pq
 
 
@@ -135,15 +144,34 @@ def _image_of(value: Any, row_id: str, inputs: ConvertInputs, folder: Path, wher
                 ext = (img.format or "png").lower().replace("jpeg", "jpg")
         except (OSError, SyntaxError, ValueError) as err:
             raise ConvertError(f"{where}: image bytes do not decode: {err}") from None
-        path = inputs.output_dir / "images" / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', row_id)}.{ext}"
+        digest = hashlib.sha256(bytes(value)).hexdigest()[:16]  # the content names the file: no overwrites
+        name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', row_id)[:80]}-{digest}.{ext}"
+        path = inputs.output_dir / "images" / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(bytes(value))
+        if not path.is_file():
+            path.write_bytes(bytes(value))
         return path
     if isinstance(value, str) and value:
         return (inputs.image_root or folder) / value
     raise ConvertError(
         f"{where}: image must be bytes, a hub Image value or a path, got {type(value).__name__}"
     )
+
+
+def parquet_rows(pq: Any, file: Path, fields: dict[str, str]) -> Iterator[tuple[int, dict]]:
+    """(row index, row as a dict) of the ``fields`` columns of one parquet file, read in batches; a missing
+    column is a ConvertError naming the file, the ``--field`` and the columns there are."""
+    table = pq.ParquetFile(file)
+    columns = table.schema_arrow.names
+    missing = [f"{name}={column}" for name, column in fields.items() if column not in columns]
+    if missing:
+        raise ConvertError(f"{file}: no column for --field {missing[0]}; columns: {', '.join(columns)}")
+    rows = (
+        row
+        for batch in table.iter_batches(batch_size=_BATCH_ROWS, columns=sorted(set(fields.values())))
+        for row in batch.to_pylist()
+    )
+    yield from enumerate(rows)
 
 
 def _column(row: dict, fields: dict[str, str], name: str, where: str) -> Any:
@@ -155,7 +183,7 @@ def _column(row: dict, fields: dict[str, str], name: str, where: str) -> Any:
 
 def convert_parquet(inputs: ConvertInputs) -> Converted:
     """Records of ``inputs.task`` from every row of the parquet file(s); counts per file and normalised rows."""
-    pq = _pyarrow_parquet()
+    pq = pyarrow_parquet()
     task = inputs.task
     if task not in GROUND_TRUTH_FIELDS:
         raise ConvertError(
@@ -173,48 +201,64 @@ def convert_parquet(inputs: ConvertInputs) -> Converted:
     truth_name = truth[0]
     records, counts = [], {"rows": 0, "normalised": 0}
     for file in parquet_files(inputs.source):
-        table = pq.ParquetFile(file)
-        columns = table.schema_arrow.names
-        missing = [f"{name}={column}" for name, column in fields.items() if column not in columns]
-        if missing:
-            raise ConvertError(f"{file}: no column for --field {missing[0]}; columns: {', '.join(columns)}")
-        row_index = 0
-        for batch in table.iter_batches(batch_size=_BATCH_ROWS, columns=sorted(set(fields.values()))):
-            for row in batch.to_pylist():
-                where = f"{file}: row {row_index}"
-                row_id = str(row[fields["id"]]) if "id" in fields else f"{file.stem}-{row_index:06d}"
-                where += f" (id {row_id})"
-                row_index += 1
-                prompt = _column(row, fields, "prompt", where)
-                if not isinstance(prompt, str) or not prompt.strip():
-                    raise ConvertError(f"{where}: prompt must be non-empty text, got {prompt!r}")
-                image = _image_of(_column(row, fields, "image", where), row_id, inputs, file.parent, where)
-                width, height = checked_image_size(image, where)
-                value = _column(row, fields, truth_name, where)
-                if truth_name == "boxes":
-                    label = str(row[fields["label"]]) if "label" in fields else ""
-                    ground_truth, normalised = parse_boxes(
-                        value, width, height, inputs.box_format, label, where
-                    )
-                else:
-                    points = [c for c, _ in _items(value, "point_2d", 2, where)]
-                    pixels, normalised = to_pixels([tuple(p) for p in points], width, height, where)
-                    if truth_name == "trajectory" and len(pixels) < 2:
-                        raise ConvertError(f"{where}: a trajectory needs at least 2 points")
-                    ground_truth = (Trajectory if truth_name == "trajectory" else Points)(tuple(pixels))
-                counts["rows"] += 1
-                counts["normalised"] += normalised
+        for row_index, row in parquet_rows(pq, file, fields):
+            where = f"{file}: row {row_index}"
+            row_id = str(row[fields["id"]]) if "id" in fields else f"{file.stem}-{row_index:06d}"
+            where += f" (id {row_id})"
+            prompts = _prompts(_column(row, fields, "prompt", where), where)
+            image = _image_of(_column(row, fields, "image", where), row_id, inputs, file.parent, where)
+            width, height = checked_image_size(image, where)
+            value = _column(row, fields, truth_name, where)
+            if truth_name == "boxes":
+                label = str(row[fields["label"]]) if "label" in fields else ""
+                ground_truth, normalised = parse_boxes(value, width, height, inputs.box_format, label, where)
+            else:
+                points = [c for c, _ in _items(value, "point_2d", 2, where)]
+                pixels, normalised = to_pixels([tuple(p) for p in points], width, height, where)
+                if truth_name == "trajectory" and len(pixels) < 2:
+                    raise ConvertError(f"{where}: a trajectory needs at least 2 points")
+                ground_truth = (Trajectory if truth_name == "trajectory" else Points)(tuple(pixels))
+            counts["rows"] += 1
+            counts["normalised"] += normalised
+            meta = {"source": "parquet", "file": file.name, "row": row_index}
+            listed = isinstance(row[fields["prompt"]], list)  # one record per element
+            for i, prompt in enumerate(prompts):
                 records.append(
                     Record(
-                        id=row_id,
+                        id=f"{row_id}-{i}" if listed else row_id,
                         image=str(image),
                         task=task,
-                        prompt=prompt.strip(),
+                        prompt=prompt,
                         width=width,
                         height=height,
                         ground_truth=ground_truth,
                         split=str(row[fields["split"]]) if "split" in fields else split_of_file(file),
-                        meta={"source": "parquet", "file": file.name, "row": row_index - 1},
+                        meta={**meta, "expression": i} if listed else meta,
                     )
                 )
+    _warn_if_one_prompt(records, fields["prompt"])
     return Converted(records, counts)
+
+
+def _prompts(value: Any, where: str) -> list[str]:
+    """The prompt texts of a row: one string, or each element of a list column."""
+    texts = value if isinstance(value, list) else [value]
+    if not texts:
+        raise ConvertError(f"{where}: the prompt list is empty")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str) or not text.strip():
+            at = f" element {i}" if isinstance(value, list) else ""
+            raise ConvertError(f"{where}: prompt{at} must be non-empty text, got {text!r}")
+    return [text.strip() for text in texts]
+
+
+def _warn_if_one_prompt(records: list[Record], column: str) -> None:
+    """A dataset whose every record asks the same thing is almost always the wrong column as prompt."""
+    if len(records) > 1 and len({r.prompt for r in records}) == 1:
+        log.warning(
+            "every one of the %d records has the same prompt %r (column %s): if the referring expressions are "
+            "in another column, name it with --field prompt=COLUMN (a list column gives one record per element)",
+            len(records),
+            records[0].prompt[:80],
+            column,
+        )

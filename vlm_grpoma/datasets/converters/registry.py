@@ -46,6 +46,18 @@ FORMATS: dict[str, Format] = {
         "named with --task and --field",
         column_mapped=True,
     ),
+    "gsm8k": Format(
+        "vlm_grpoma.datasets.converters.math_parquet:convert_gsm8k",
+        "GSM8K-style parquet (question, answer ending '#### N') -> answer (numeric), the worked solution as "
+        "the reference thought",
+        column_mapped=True,
+    ),
+    "math": Format(
+        "vlm_grpoma.datasets.converters.math_parquet:convert_math",
+        "MATH-style parquet (problem, solution with \\boxed{...}) -> answer, the solution as the reference "
+        "thought",
+        column_mapped=True,
+    ),
 }
 
 

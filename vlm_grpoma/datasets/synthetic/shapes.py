@@ -1,10 +1,10 @@
 """Seeded synthetic scenes of coloured shapes with exact ground truth, for detection, affordance, trajectory.
 
-Every shape is drawn (without anti-aliasing) through its own binary mask, so a box is the exact pixel
-extent of what was drawn (``[x1, y1, x2, y2]`` with exclusive ``x2, y2``: pixel ``i`` covers ``[i, i+1)``),
-shapes never overlap, and a part mask is exactly the pixels of that part. Shape colours are saturated
-(one channel <= 50) and backgrounds are pale (every channel >= 90), so no background pixel has a shape's
-colour. Same seed -> byte-identical images, masks and records.jsonl.
+Every shape is drawn (without anti-aliasing) through its own binary mask (:mod:`.canvas`), so a box is the
+exact pixel extent of what was drawn (``[x1, y1, x2, y2]`` with exclusive ``x2, y2``: pixel ``i`` covers
+``[i, i+1)``), shapes never overlap, and a part mask is exactly the pixels of that part. Shape colours are
+saturated (one channel <= 50) and backgrounds are pale (every channel >= 90), so no background pixel has a
+shape's colour. Same seed -> byte-identical images, masks and records.jsonl.
 
 - detection: "Find the large red triangle left of the blue circle." (a unique expression; the generator
   adds same-colour/same-kind distractors so size and spatial relations are often needed), or
@@ -22,36 +22,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from vlm_grpoma.answers import Box, Boxes, Trajectory
 from vlm_grpoma.datasets.jsonl import write_records
 from vlm_grpoma.datasets.schema import MaskRef, Record
+from vlm_grpoma.datasets.synthetic.canvas import ATTEMPTS, COLOURS, DrawnObject, Scene, canvas_mask, mask_box
 from vlm_grpoma.datasets.synthetic.relational import SceneObject, choose, thought_text
 
-COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 30, 30),
-    "green": (30, 160, 50),
-    "blue": (30, 70, 220),
-    "yellow": (235, 200, 20),
-    "orange": (245, 120, 20),
-    "purple": (130, 40, 180),
-    "cyan": (20, 180, 200),
-    "pink": (230, 50, 160),
-}
 SHAPES: tuple[str, ...] = ("square", "rectangle", "circle", "triangle", "diamond", "hexagon")
 TOOLS: dict[str, tuple[str, ...]] = {"mug": ("handle", "body"), "pan": ("handle", "head")}
 BACKGROUNDS: tuple[str, ...] = ("solid", "gradient", "noise")
 DIFFICULTIES: tuple[str, ...] = ("easy", "normal", "relational")
 SHAPE_TASKS: tuple[str, ...] = ("detection", "affordance", "trajectory")
 RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below")
-_GAP = 3  # minimum empty pixels between two objects' boxes
 _CLEARANCE = 3.0  # trajectory: extra pixels between the path and the obstacle's bounding disc
-_ATTEMPTS = 200
 
 
 @dataclass(frozen=True)
@@ -99,7 +88,8 @@ class ShapesConfig:
             raise ValueError("ShapesConfig: " + "; ".join(problems))
 
 
-#: The CPU demo preset (NOTES-STACK.md): 112x112, one or two shapes, "Find the red square.".
+#: The CPU preset (``--difficulty easy``, the data of docs/results.md): 112x112, one or two shapes,
+#: "Find the red square.".
 EASY = ShapesConfig(
     image_size=112,
     min_distractors=0,
@@ -128,206 +118,21 @@ RELATIONAL = ShapesConfig(
 PRESETS: dict[str, ShapesConfig] = {"easy": EASY, "normal": ShapesConfig(), "relational": RELATIONAL}
 
 
-# ---------------------------------------------------------------------------------------------- drawing
-
-
-@dataclass(eq=False)  # identity: two objects can look the same
-class _Obj:
-    kind: str
-    colour: str
-    size: str  # "small" | "large" ("" in easy scenes, where size is never named)
-    mask: np.ndarray  # bool [H, W], exactly the drawn pixels
-    parts: dict[str, np.ndarray] = field(default_factory=dict)
-    box: tuple[int, int, int, int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.box = _mask_box(self.mask)
-
-    @property
-    def name(self) -> str:
-        return f"{self.colour} {self.kind}"
-
-    def to_json(self) -> dict:
-        return {"kind": self.kind, "colour": self.colour, "size": self.size, "box": list(self.box)}
-
-
-def _mask_box(mask: np.ndarray) -> tuple[int, int, int, int]:
-    ys, xs = np.nonzero(mask)
-    return int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
-
-
 def _pick(rng: np.random.Generator, seq):
     return seq[int(rng.integers(len(seq)))]
-
-
-def _canvas_mask(shape: tuple[int, int], draw) -> np.ndarray:
-    """Pixels set by ``draw(ImageDraw)`` on an empty (width, height) canvas, as a bool [H, W] array."""
-    img = Image.new("L", shape, 0)
-    draw(ImageDraw.Draw(img))
-    return np.asarray(img) > 0
-
-
-def _footprint(kind: str, s: int, variant: int) -> tuple[int, int]:
-    """(w, h) of the rectangle an object of this kind/size/variant is drawn inside."""
-    if kind == "rectangle":
-        short = max(6, round(0.55 * s))
-        return (s, short) if variant == 0 else (short, s)
-    if kind == "mug":
-        return round(0.6 * s) + round(0.28 * s), s
-    if kind == "pan":
-        return round(0.7 * s) + round(0.55 * s), round(0.7 * s)
-    return s, s
-
-
-def _draw_shape(canvas: tuple[int, int], kind: str, x0: int, y0: int, w: int, h: int) -> np.ndarray:
-    x1, y1 = x0 + w - 1, y0 + h - 1  # inclusive corners, as PIL draws them
-    cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
-    if kind in ("square", "rectangle"):
-        return _canvas_mask(canvas, lambda d: d.rectangle([x0, y0, x1, y1], fill=255))
-    if kind == "circle":
-        return _canvas_mask(canvas, lambda d: d.ellipse([x0, y0, x1, y1], fill=255))
-    if kind == "triangle":
-        return _canvas_mask(canvas, lambda d: d.polygon([(x0, y1), (x1, y1), (cx, y0)], fill=255))
-    if kind == "diamond":
-        return _canvas_mask(canvas, lambda d: d.polygon([(cx, y0), (x1, cy), (cx, y1), (x0, cy)], fill=255))
-    if kind == "hexagon":
-        r = (w - 1) / 2
-        pts = [(cx + r * math.cos(math.pi / 3 * i), cy + r * math.sin(math.pi / 3 * i)) for i in range(6)]
-        return _canvas_mask(canvas, lambda d: d.polygon(pts, fill=255))
-    raise ValueError(f"unknown shape {kind!r}")
-
-
-def _draw_tool(
-    canvas: tuple[int, int], kind: str, x0: int, y0: int, s: int, flip: bool
-) -> dict[str, np.ndarray]:
-    """Part masks of a tool; the handle is on the right, or on the left when ``flip``."""
-    w, h = _footprint(kind, s, 0)
-    if kind == "mug":
-        body_w, r = round(0.6 * s), round(0.28 * s)
-        bx0 = x0 + r if flip else x0
-        edge = bx0 if flip else bx0 + body_w - 1
-        cy = y0 + (h - 1) // 2
-        body = _canvas_mask(canvas, lambda d: d.rectangle([bx0, y0, bx0 + body_w - 1, y0 + h - 1], fill=255))
-        ring = _canvas_mask(
-            canvas,
-            lambda d: d.ellipse([edge - r, cy - r, edge + r, cy + r], outline=255, width=max(2, s // 9)),
-        )
-        return {"body": body, "handle": ring & ~body}
-    d_head = round(0.7 * s)
-    hx0 = x0 + w - d_head if flip else x0
-    head = _canvas_mask(canvas, lambda d: d.ellipse([hx0, y0, hx0 + d_head - 1, y0 + d_head - 1], fill=255))
-    t = max(3, s // 7)
-    cy, hcx = y0 + (d_head - 1) // 2, hx0 + (d_head - 1) // 2
-    sx0, sx1 = (x0, hcx) if flip else (hcx, x0 + w - 1)
-    stick = _canvas_mask(
-        canvas, lambda d: d.rectangle([sx0, cy - t // 2, sx1, cy - t // 2 + t - 1], fill=255)
-    )
-    return {"head": head, "handle": stick & ~head}
-
-
-class _Scene:
-    """Objects placed without overlap on a W x H canvas, and off the ``keepout`` pixels (a path)."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self.objects: list[_Obj] = []
-        self.keepout: np.ndarray | None = None
-
-    def _free(self, x0: int, y0: int, w: int, h: int) -> bool:
-        for o in self.objects:
-            bx0, by0, bx1, by1 = o.box
-            if x0 < bx1 + _GAP and bx0 < x0 + w + _GAP and y0 < by1 + _GAP and by0 < y0 + h + _GAP:
-                return False
-        if (
-            self.keepout is not None
-            and self.keepout[max(0, y0 - _GAP) : y0 + h + _GAP, max(0, x0 - _GAP) : x0 + w + _GAP].any()
-        ):
-            return False
-        return 0 <= x0 and 0 <= y0 and x0 + w <= self.size and y0 + h <= self.size
-
-    def _spot(
-        self, rng: np.random.Generator, w: int, h: int, centre: tuple[float, float] | None
-    ) -> tuple | None:
-        for _ in range(_ATTEMPTS if centre is None else 1):
-            if centre is None:
-                x0, y0 = int(rng.integers(0, self.size - w + 1)), int(rng.integers(0, self.size - h + 1))
-            else:
-                x0, y0 = round(centre[0] - w / 2), round(centre[1] - h / 2)
-            if self._free(x0, y0, w, h):
-                return x0, y0
-        return None
-
-    def add_shape(self, rng, kind: str, colour: str, size_cls: str, s: int, centre=None) -> _Obj | None:
-        w, h = _footprint(kind, s, int(rng.integers(2)))
-        spot = self._spot(rng, w, h, centre)
-        if spot is None:
-            return None
-        obj = _Obj(kind, colour, size_cls, _draw_shape((self.size, self.size), kind, *spot, w, h))
-        self.objects.append(obj)
-        return obj
-
-    def add_tool(self, rng, kind: str, colour: str, s: int) -> _Obj | None:
-        flip = bool(rng.integers(2))
-        spot = self._spot(rng, *_footprint(kind, s, 0), None)
-        if spot is None:
-            return None
-        parts = _draw_tool((self.size, self.size), kind, *spot, s, flip)
-        obj = _Obj(kind, colour, "", np.logical_or.reduce(list(parts.values())), parts)
-        self.objects.append(obj)
-        return obj
-
-    def render(self, rng: np.random.Generator, background: str) -> Image.Image:
-        pixels = _background(rng, background, self.size)
-        for o in self.objects:
-            pixels[o.mask] = COLOURS[o.colour]
-        return Image.fromarray(pixels, "RGB")
-
-
-def _pale(rng: np.random.Generator) -> np.ndarray:
-    grey = rng.integers(120, 221)
-    return np.clip(grey + rng.integers(-15, 16, size=3), 105, 240).astype(np.float64)
-
-
-def _background(rng: np.random.Generator, kind: str, size: int) -> np.ndarray:
-    """A pale (every channel >= 90) uint8 [size, size, 3] background."""
-    if kind == "solid":
-        pixels = np.broadcast_to(_pale(rng), (size, size, 3)).copy()
-    elif kind == "gradient":
-        a, b, angle = _pale(rng), _pale(rng), rng.uniform(0, 2 * math.pi)
-        yy, xx = np.mgrid[0:size, 0:size]
-        t = xx * math.cos(angle) + yy * math.sin(angle)
-        t = (t - t.min()) / max(t.max() - t.min(), 1e-9)
-        pixels = a * (1 - t[..., None]) + b * t[..., None]
-    elif kind == "noise":
-        coarse = rng.uniform(-25, 25, size=(8, 8, 3))
-        blobs = np.stack(
-            [
-                np.asarray(
-                    Image.fromarray(coarse[..., c].astype(np.float32), "F").resize(
-                        (size, size), Image.Resampling.BILINEAR
-                    )
-                )
-                for c in range(3)
-            ],
-            -1,
-        )
-        pixels = _pale(rng) + blobs + rng.uniform(-8, 8, size=(size, size, 3))
-    else:
-        raise ValueError(f"unknown background {kind!r}")
-    return np.clip(np.rint(pixels), 90, 255).astype(np.uint8)
 
 
 # ---------------------------------------------------------------------------------------------- language
 
 
-def _relation_holds(rel: str, a: _Obj, b: _Obj) -> bool:
+def _relation_holds(rel: str, a: DrawnObject, b: DrawnObject) -> bool:
     """``a`` is <rel> ``b``: strictly, i.e. the boxes do not overlap along that axis."""
     ax0, ay0, ax1, ay1 = a.box
     bx0, by0, bx1, by1 = b.box
     return {"left of": ax1 <= bx0, "right of": ax0 >= bx1, "above": ay1 <= by0, "below": ay0 >= by1}[rel]
 
 
-def _basic_description(obj: _Obj, objects: list[_Obj], use_size: bool) -> str | None:
+def _basic_description(obj: DrawnObject, objects: list[DrawnObject], use_size: bool) -> str | None:
     """ "the red circle" or "the large red circle" if that identifies ``obj`` uniquely, else None."""
     if not [o for o in objects if o is not obj and o.name == obj.name]:
         return f"the {obj.name}"
@@ -338,7 +143,7 @@ def _basic_description(obj: _Obj, objects: list[_Obj], use_size: bool) -> str | 
 
 
 def _referring_expression(
-    rng: np.random.Generator, target: _Obj, objects: list[_Obj], easy: bool
+    rng: np.random.Generator, target: DrawnObject, objects: list[DrawnObject], easy: bool
 ) -> str | None:
     """An expression that picks out only ``target``, or None: the plain one ("the [size] colour kind") when
     unique, though 30 % of the time a relational one ("... left of the blue circle") instead if one exists."""
@@ -376,9 +181,7 @@ def _size_class(rng: np.random.Generator, cfg: ShapesConfig) -> str:
     return "" if cfg.difficulty == "easy" else _pick(rng, ("small", "large"))
 
 
-def _add_distractors(
-    rng, scene: _Scene, cfg: ShapesConfig, count: int, avoid: set[str] = frozenset()
-) -> None:
+def _add_distractors(rng, scene: Scene, cfg: ShapesConfig, count: int, avoid: set[str] = frozenset()) -> None:
     for _ in range(count):
         kind, colour = _pick(rng, cfg.shapes), _pick(rng, cfg.colours)
         if f"{colour} {kind}" in avoid:
@@ -387,7 +190,7 @@ def _add_distractors(
         scene.add_shape(rng, kind, colour, size_cls, _size(rng, cfg, size_cls))
 
 
-def _detection(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, list[_Obj], dict] | None:
+def _detection(rng, cfg: ShapesConfig, scene: Scene) -> tuple[str, list[DrawnObject], dict] | None:
     n_distractors = int(rng.integers(cfg.min_distractors, cfg.max_distractors + 1))
     if rng.random() < cfg.multi_fraction:
         by_colour = bool(rng.integers(2))
@@ -420,7 +223,7 @@ def _detection(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, list[_Obj], 
     return f"Find {expr}.", [target], {"expression": expr}
 
 
-def _relational(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, list[_Obj], dict] | None:
+def _relational(rng, cfg: ShapesConfig, scene: Scene) -> tuple[str, list[DrawnObject], dict] | None:
     """3-6 shapes, one named by a relational expression, and the reference thought that finds it."""
     for _ in range(int(rng.integers(cfg.min_distractors, cfg.max_distractors + 1)) + 1):
         size_cls = _pick(rng, ("small", "large"))
@@ -443,7 +246,7 @@ def _relational(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, list[_Obj],
     return f"Find {choice.expression}.", [scene.objects[choice.index]], meta
 
 
-def _affordance(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, _Obj, str, dict] | None:
+def _affordance(rng, cfg: ShapesConfig, scene: Scene) -> tuple[str, DrawnObject, str, dict] | None:
     kind, colour = _pick(rng, tuple(TOOLS)), _pick(rng, cfg.colours)
     part = _pick(rng, TOOLS[kind])
     cap = int(cfg.image_size * 0.45)
@@ -461,7 +264,7 @@ def _affordance(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, _Obj, str, 
         f"Point to {expr}.",
         target,
         part,
-        {"expression": expr, "part": part, "part_box": list(_mask_box(target.parts[part]))},
+        {"expression": expr, "part": part, "part_box": list(mask_box(target.parts[part]))},
     )
 
 
@@ -502,7 +305,7 @@ def _centre(box: tuple[int, int, int, int]) -> np.ndarray:
     return np.array([(box[0] + box[2]) / 2, (box[1] + box[3]) / 2])
 
 
-def _trajectory(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, list[tuple[float, float]], dict] | None:
+def _trajectory(rng, cfg: ShapesConfig, scene: Scene) -> tuple[str, list[tuple[float, float]], dict] | None:
     cap = cfg.image_size // 5
     names = [(k, c) for k in cfg.shapes for c in cfg.colours]
     picks = rng.permutation(len(names))[:3]
@@ -524,16 +327,15 @@ def _trajectory(rng, cfg: ShapesConfig, scene: _Scene) -> tuple[str, list[tuple[
     for kind, colour, sign in ((sk, sc, -1.0), (gk, gc, 1.0)):
         s = _size(rng, cfg, "", cap=cap)
         dist = radius + s * 0.75 + rng.uniform(2, 12)
-        centre = (
-            c + sign * dist * u + rng.uniform(-0.08, 0.08) * s_obs * n
-        )  # the straight line hits the obstacle
+        # the straight line hits the obstacle
+        centre = c + sign * dist * u + rng.uniform(-0.08, 0.08) * s_obs * n
         ends.append(scene.add_shape(rng, kind, colour, "", s, centre=tuple(centre)))
     if None in ends:
         return None
     path = _detour(_centre(ends[0].box), _centre(ends[1].box), c, radius, cfg.image_size, rng)
     if path is None:
         return None
-    scene.keepout = _canvas_mask((cfg.image_size, cfg.image_size), lambda d: d.line(path, fill=255, width=3))
+    scene.keepout = canvas_mask((cfg.image_size, cfg.image_size), lambda d: d.line(path, fill=255, width=3))
     _add_distractors(
         rng,
         scene,
@@ -559,8 +361,8 @@ def make_record(task: str, index: int, out_dir: Path, seed: int, split: str, cfg
     """Draw scene ``index`` of a seeded dataset, write its image (and mask), and return its Record."""
     rng = np.random.default_rng([seed, index, SHAPE_TASKS.index(task)])
     stem = f"{split}-{index:06d}"
-    for _ in range(_ATTEMPTS):
-        scene = _Scene(cfg.image_size)
+    for _ in range(ATTEMPTS):
+        scene = Scene(cfg.image_size)
         background = _pick(rng, cfg.backgrounds)
         meta: dict = {"source": "shapes", "difficulty": cfg.difficulty, "background": background}
         if task == "detection":
@@ -569,9 +371,8 @@ def make_record(task: str, index: int, out_dir: Path, seed: int, split: str, cfg
                 continue
             prompt, targets, extra = made
             ordered = sorted(targets, key=lambda o: o.box)
-            labelled = (
-                cfg.difficulty != "relational"
-            )  # the relational thought names it; the answer stays short
+            # the relational thought names it; the answer stays short
+            labelled = cfg.difficulty != "relational"
             gt = Boxes(tuple(Box(*o.box, label=o.name if labelled else "") for o in ordered))
             extra["targets"] = [scene.objects.index(o) for o in ordered]
         elif task == "affordance":
@@ -607,7 +408,7 @@ def make_record(task: str, index: int, out_dir: Path, seed: int, split: str, cfg
             meta=meta,
         )
     raise ValueError(
-        f"could not build a {task} scene in {_ATTEMPTS} attempts; the ShapesConfig is too restrictive: {cfg}"
+        f"could not build a {task} scene in {ATTEMPTS} attempts; the ShapesConfig is too restrictive: {cfg}"
     )
 
 

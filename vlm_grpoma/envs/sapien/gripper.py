@@ -1,4 +1,4 @@
-"""A floating suction gripper (NOTES-STACK.md recipe).
+"""A floating suction gripper: one driven rigid body in place of a robot arm.
 
 The gripper is a 1 kg dynamic body without gravity, pulled towards a moving world target by a force-limited
 drive (the "arm"). Its frame has x along the approach direction (``up``, into the surface) and y along

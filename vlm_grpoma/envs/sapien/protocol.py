@@ -23,16 +23,13 @@ from vlm_grpoma.envs.sapien.success import TEST_RULE, SuccessRule
 class Protocol:
     name: str
     gravity: bool  # object parts feel gravity
-    joint_damping: (
-        float | None
-    )  # replaces every joint's damping (and zeroes its friction); None: the object's
-    material: (
-        tuple[float, float, float] | None
-    )  # static, dynamic friction, restitution; None: SAPIEN's default
+    # replaces every joint's damping (and zeroes its friction); None: the object's
+    joint_damping: float | None
+    # static, dynamic friction, restitution; None: SAPIEN's default
+    material: tuple[float, float, float] | None
     solver_iterations: int | None
-    approach: (
-        tuple[float, float] | None
-    )  # gripper start -> contact distance back along up; None: at the contact
+    # gripper start -> contact distance back along up; None: at the contact
+    approach: tuple[float, float] | None
     pull_distance: float  # the gripper's final distance back along up from the contact
     gripper_collision: bool
     approach_steps: int

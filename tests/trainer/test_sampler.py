@@ -2,7 +2,7 @@
 
 import pytest
 
-from vlm_grpoma.trainer.data import PromptSampler
+from vlm_grpoma.trainer.sampler import PromptSampler
 
 
 def test_each_epoch_visits_every_record_once_and_epochs_differ():

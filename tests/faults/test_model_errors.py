@@ -1,0 +1,148 @@
+"""A model that cannot be loaded is one line naming ``model.name_or_path`` or the damaged file, in every command
+that loads one (train, sft, eval, check-data), never a transformers / huggingface_hub / safetensors traceback,
+and offline an uncached hub id is refused at once (no retry loop)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from fault_runs import error_lines, run_cli
+
+from vlm_grpoma.config import ModelConfig
+from vlm_grpoma.errors import UserError
+from vlm_grpoma.models import model_files
+from vlm_grpoma.models.loading import load_pretrained
+from vlm_grpoma.models.registry import load_adapter
+
+UNCACHED = "vlm-grpoma-tests/not-a-cached-model"
+
+
+def _truncate(folder: Path) -> str:
+    """Cut the model's weights file in half (a copy that stopped midway); returns its path."""
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return str(weights)
+
+
+def _break_config(folder: Path) -> str:
+    """Cut the end off the model's config.json; returns its path."""
+    config = folder / "config.json"
+    config.write_text(config.read_text()[:-40])
+    return str(config)
+
+
+def _damaged(damage: str, model: Path) -> str:
+    """The ``model.name_or_path`` a user with this damage passes (``model``: a copy of the tiny model)."""
+    if damage == "truncated model.safetensors":
+        _truncate(model)
+    elif damage == "damaged config.json":
+        _break_config(model)
+    names = {
+        "missing local folder": str(model.parent / "no-such-model"),
+        "empty name": "  ",
+        "run folder, not its model": str(model.parent),
+        "uncached hub id offline": UNCACHED,
+    }
+    return names.get(damage, str(model))
+
+
+#: damage -> what its one line says
+DAMAGE = {
+    "missing local folder": "no such folder",
+    "empty name": "model.name_or_path: empty",
+    "run folder, not its model": "has no config.json",
+    "uncached hub id offline": "HF_HUB_OFFLINE",
+    "truncated model.safetensors": "model.safetensors: damaged or truncated",
+    "damaged config.json": "config.json: not valid JSON",
+}
+
+
+@pytest.fixture
+def model_copy(tiny_path, tmp_path) -> Path:
+    return Path(shutil.copytree(tiny_path, tmp_path / "run" / "model"))
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_an_unloadable_model_is_one_line_naming_the_key_or_file(damage, model_copy, offline):
+    expected = DAMAGE[damage]
+    config = replace(ModelConfig(), name_or_path=_damaged(damage, model_copy))
+    for load in (lambda: load_adapter(config), lambda: load_pretrained(config, "auto")):
+        with pytest.raises(UserError) as raised:
+            load()
+        message = str(raised.value)
+        assert expected in message and "\n" not in message, message
+        assert "model.name_or_path" in message or str(model_copy) in message, message
+
+
+def test_an_intact_model_passes_the_checks(model_copy, offline):
+    model_files.check_model_source(str(model_copy))
+    header = json.loads((model_copy / "config.json").read_text())
+    assert header["model_type"]  # the check read the real config
+
+
+def test_offline_an_uncached_hub_id_is_refused_before_any_lookup(offline, monkeypatch):
+    """No retry loop: check-data spent 34 s in hub retries before this."""
+    import huggingface_hub
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the hub was asked")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
+    start = time.monotonic()
+    with pytest.raises(UserError, match="HF_HUB_OFFLINE"):
+        load_adapter(replace(ModelConfig(), name_or_path=UNCACHED))
+    assert time.monotonic() - start < 2
+
+
+def _assert_one_line(done, *needles: str) -> str:
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    (line,) = error_lines(done.stderr)
+    assert all(n in line for n in needles), line
+    return line
+
+
+def _train(command: str, tmp_path: Path, overrides: list[str]):
+    config = tmp_path / "run.yaml"
+    config.write_text("{}\n")
+    return run_cli(command, "--config", str(config), *overrides)
+
+
+def test_train_and_sft_with_a_mistyped_model_path_are_one_line(overrides, tmp_path):
+    typo = str(tmp_path / "modle")
+    for command in ("train", "sft"):
+        done = _train(command, tmp_path, overrides(tmp_path / command, f"model.name_or_path={typo}"))
+        _assert_one_line(done, "model.name_or_path", typo)
+
+
+def test_train_with_a_truncated_safetensors_is_one_line_naming_the_file(overrides, model_copy, tmp_path):
+    weights = _truncate(model_copy)
+    done = _train("train", tmp_path, overrides(tmp_path / "out", f"model.name_or_path={model_copy}"))
+    _assert_one_line(done, weights, "damaged or truncated")
+
+
+def test_eval_of_a_checkpoint_with_a_damaged_config_is_one_line(model_copy, shapes_path):
+    config = _break_config(model_copy)
+    done = run_cli(
+        "eval", "--checkpoint", str(model_copy), "--split", "train", f"data.eval_path={shapes_path}"
+    )
+    _assert_one_line(done, config)
+
+
+def test_check_data_checks_the_records_first_and_an_uncached_model_offline_at_once(shapes_path):
+    done = run_cli("check-data", str(shapes_path), "--model", UNCACHED, env={"HF_HUB_OFFLINE": "1"})
+    _assert_one_line(done, "model.name_or_path", UNCACHED, "HF_HUB_OFFLINE")
+    assert done.stdout.startswith("records: 8 valid of 8 read"), done.stdout  # the records were checked first
