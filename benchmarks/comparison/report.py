@@ -320,8 +320,8 @@ def _hypotheses(result: TaskResult, equal_time: bool) -> list[str]:
     lines = [
         "## Hypotheses",
         "",
-        "Stated with the rule that decides each before any of these runs (`benchmarks/comparison/hypotheses.py`, "
-        "also listed in `docs/results.md`), answered here from the runs above:",
+        "Stated with the rule that decides each before any of these runs (`benchmarks/comparison/hypotheses.py`), "
+        "answered here from the runs above:",
         "",
         "| | hypothesis | decided by | evidence | verdict |",
         "|---|---|---|---|---|",

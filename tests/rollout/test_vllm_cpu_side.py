@@ -724,7 +724,7 @@ def test_vllm_not_installed_fails_with_one_line(loaded, monkeypatch):
         build_rollout_engine(_vllm_config(folder), model.model, model.adapter)
     message = str(err.value)
     assert (
-        "\n" not in message and "pip install 'vlm-grpoma[vllm]'" in message and "make setup-vllm" in message
+        "\n" not in message and "pip install './vlm-grpoma[vllm]'" in message and "make setup-vllm" in message
     )
 
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 
 def _sample_batch(
-    engine: Any, adapter: Any, chunk: Sequence[Record], params: Any, start: int
+    engine: RolloutEngine, adapter: QwenVLAdapter, chunk: Sequence[Record], params: SamplingParams, start: int
 ) -> list[Prediction]:
     """The predictions of one batch, sampled with the seed its position gives it (``seed + start``)."""
     tree = engine.sample(adapter.build_inputs(chunk), replace(params, seed=params.seed + start))

@@ -196,9 +196,8 @@ class GRPOMATrainer(Trainer):
                 logp = self._log_probs(
                     engine.deepspeed, tree, chunk, scoring if epoch == 0 or entropy_trains else fixed
                 )
-                if (
-                    epoch == 0
-                ):  # the sampling policy: its log-probs of the sampled tokens should be the rollout's
+                # epoch 0 is the sampling policy: its log-probs of the sampled tokens should be the rollout's
+                if epoch == 0:
                     pairs.append((logp.thought, tree.thought_logprobs[chunk], targets.thought_mask[chunk]))
                     pairs.append((logp.answer, tree.answer_logprobs[chunk], tree.answer_mask[chunk]))
                 segments = micro_batch_segments(

@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,6 +43,9 @@ from vlm_grpoma.rollout.vllm.stack import import_vllm
 from vlm_grpoma.rollout.vllm.weights import Counted, merged_weights, repack_tied_output_layers
 from vlm_grpoma.sampling import SamplingParams
 
+if TYPE_CHECKING:
+    from vlm_grpoma.models.qwen import QwenVLAdapter
+
 
 @dataclass
 class _Group:
@@ -58,7 +61,7 @@ class VLLMRolloutEngine:
     """Two-phase K x M sampling with a colocated vLLM engine (see the module docstring)."""
 
     llm: Any = field(repr=False)  # LLM.__repr__ runs a collective RPC
-    adapter: Any = field(repr=False)
+    adapter: QwenVLAdapter = field(repr=False)
     options: VLLMOptions = field(default_factory=VLLMOptions)
     group: _Group = field(default_factory=_Group)
     device: str = "cuda"  # the platform of the vLLM build: "cuda" or "cpu"
@@ -70,7 +73,7 @@ class VLLMRolloutEngine:
     def create(
         cls,
         checkpoint: str,
-        adapter: Any,
+        adapter: QwenVLAdapter,
         options: VLLMOptions,
         *,
         seed: int = 0,

@@ -8,10 +8,13 @@ prompts prefilled whole (:func:`engine_arguments`) and sleep mode, refused on CP
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlm_grpoma.config import VLLMConfig
 from vlm_grpoma.errors import ConfigError
+
+if TYPE_CHECKING:
+    from vlm_grpoma.models.qwen import QwenVLAdapter
 
 #: Prefix-cache block size on CPU: vLLM caches whole blocks only, and the CPU default (128) caches nothing for
 #: prompts under 128 tokens; 32 is the smallest size the CPU attention kernels run at full speed.
@@ -69,7 +72,7 @@ def context_length(checkpoint: str, trust_remote_code: bool = False) -> int:
 
 def engine_arguments(
     checkpoint: str,
-    adapter: Any,
+    adapter: QwenVLAdapter,
     options: VLLMOptions,
     device: str,
     *,

