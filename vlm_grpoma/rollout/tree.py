@@ -180,9 +180,8 @@ class RolloutTree:
             order = torch.cat([order, order.new_full((batch, thoughts, width - slots), slots)], dim=-1)
 
         def arranged(values: torch.Tensor, fill: float | int | bool) -> torch.Tensor:
-            padded = torch.nn.functional.pad(
-                values, (0, 0, 0, 1), value=fill
-            )  # slot ``slots``: an absent one
+            # slot ``slots`` is the fill: where an absent answer points
+            padded = torch.nn.functional.pad(values, (0, 0, 0, 1), value=fill)
             return padded.gather(2, order.unsqueeze(-1).expand(-1, -1, -1, answer_width))
 
         def listed(first: list, second: list, fill: object) -> list:

@@ -101,9 +101,8 @@ def draw_problem(rng: random.Random, cfg: ArithmeticConfig) -> Problem:
     steps, values = [], []
     for _ in range(cfg.steps):
         choices = {op: allowed for op in cfg.operators if (allowed := _allowed(value, op, cfg))}
-        op = rng.choice(
-            sorted(choices)
-        )  # never empty: "+" or "-" always fits since max_value >= 2*max_operand
+        # never empty: "+" or "-" always fits since max_value >= 2*max_operand
+        op = rng.choice(sorted(choices))
         operand = rng.choice(choices[op])
         value = apply(value, op, operand)
         steps.append((op, operand))
