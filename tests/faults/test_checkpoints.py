@@ -18,6 +18,7 @@ from fault_runs import error_lines, run_cli
 from vlm_grpoma.errors import CheckpointError, StorageError
 from vlm_grpoma.trainer import checkpoint as ckpt
 from vlm_grpoma.trainer.checkpoint import list_checkpoints
+from vlm_grpoma.trainer.elastic import plan_resume
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer
 
 MODEL_STATES = "deepspeed/state/mp_rank_00_model_states.pt"
@@ -420,6 +421,24 @@ def test_resume_with_another_zero_stage_is_one_line(run_copy, make_config_module
         GRPOMATrainer(
             make_config_module(run_copy, "train.steps=4", "checkpoint.resume=auto", "deepspeed.zero_stage=2")
         )
+
+
+@pytest.mark.parametrize(("saved", "resumed"), [(2, 0), (0, 2), (1, 0), (3, 2), (1, 3), (0, 3)])
+def test_a_zero_stage_change_deepspeed_cannot_carry_is_one_line_either_way(saved, resumed, tmp_path):
+    """L3 as reported was 2 -> 0 (an AttributeError): every pair across the 0 | 1/2 | 3 groups, both ways, is
+    refused in one line naming both stages, even with elastic resume on."""
+    with pytest.raises(CheckpointError) as refused:
+        plan_resume(
+            tmp_path, {"world_size": 2, "zero_stage": saved}, 1, resumed, elastic=True, tag="global_step2"
+        )
+    message = str(refused.value)
+    assert f"saved with ZeRO stage {saved}, resuming with deepspeed.zero_stage={resumed}" in message
+    assert f"set deepspeed.zero_stage={saved}" in message and "\n" not in message
+
+
+def test_zero_1_and_2_resume_into_each_other_at_another_world_size(tmp_path):
+    plan = plan_resume(tmp_path, {"world_size": 2, "zero_stage": 2}, 1, 1, elastic=True, tag="global_step2")
+    assert (plan.saved_world, plan.saved_stage, plan.world, plan.stage) == (2, 2, 1, 1)
 
 
 def test_resume_with_another_model_under_frozen_weights_is_refused(
