@@ -257,9 +257,11 @@ class ComparePlan:
 
     @classmethod
     def reasoning(cls, quick: bool = False) -> ComparePlan:
-        return cls.equal_time_plan(
+        """The equal-time arithmetic plan; the whole plan also runs T4A4-adaptive (H5), the quick one does not."""
+        plan = cls.equal_time_plan(
             "reasoning", ARITHMETIC, quick, title=REASONING_TITLE, scale=REASONING_SCALE
         )
+        return plan if quick else replace(plan, arms=(*plan.arms, Arm.parse("T4A4-adaptive")))
 
     @classmethod
     def reasoning_quick(cls) -> ComparePlan:

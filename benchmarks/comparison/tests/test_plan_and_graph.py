@@ -63,7 +63,8 @@ def test_paper_regime_plans_train_every_arm_for_equal_time():
 def test_reasoning_plans_train_text_only_arithmetic_for_equal_time(tmp_path):
     plan = ComparePlan.named("reasoning")
     assert plan.name == "reasoning" and plan.arguments == " --plan reasoning" and plan.equal_time
-    assert [a.name for a in plan.arms] == ["T4A1", "T16A1", "T4A4", "T8A2"] and plan.seeds == (0, 1, 2)
+    assert [a.name for a in plan.arms] == ["T4A1", "T16A1", "T4A4", "T8A2", "T4A4-adaptive"]
+    assert plan.seeds == (0, 1, 2)
     [task] = plan.tasks
     assert (task.data_task, task.source, task.difficulty, task.headline_label) == (
         "answer",
@@ -77,6 +78,9 @@ def test_reasoning_plans_train_text_only_arithmetic_for_equal_time(tmp_path):
     assert data[data.index("--difficulty") + 1] == "easy"
     quick = ComparePlan.named("reasoning", quick=True)
     assert quick.equal_time and quick.arguments == " --plan reasoning --quick" and quick.title == plan.title
+    assert [a.name for a in quick.arms] == ["T4A1", "T16A1", "T4A4", "T8A2"]  # the smoke test skips H5's arm
+    adaptive = jobs["train/arithmetic/T4A4-adaptive/seed0"].args
+    assert "rollout.adaptive_answers.enabled=true" in adaptive
 
 
 PLANS = [
