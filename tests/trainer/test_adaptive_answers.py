@@ -9,6 +9,7 @@ import pytest
 import torch
 from length_reward import AnswerLength  # noqa: F401  (registers test_answer_length)
 
+from tests.trainer.test_grpo_ma import overrides, parameters
 from vlm_grpoma.algorithm.allocation import neyman_allocation
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 from vlm_grpoma.rollout.tree import answers_at
@@ -22,17 +23,6 @@ def data_path(tmp_path_factory):
     return generate_shapes("detection", 8, tmp_path_factory.mktemp("shapes"), seed=0, config=EASY)
 
 
-def overrides(data_path, *extra):
-    return (
-        f"data.train_path={data_path}",
-        "rewards.weights={test_answer_length: 1.0, format: 0.5}",
-        "rollout.num_thoughts=4",
-        "rollout.max_thought_tokens=12",
-        "rollout.max_answer_tokens=8",
-        *extra,
-    )
-
-
 ADAPTIVE = (
     "rollout.adaptive_answers.enabled=true",
     "rollout.adaptive_answers.first=2",
@@ -40,10 +30,6 @@ ADAPTIVE = (
     "rollout.adaptive_answers.min_per_thought=2",
     "rollout.adaptive_answers.max_per_thought=6",
 )
-
-
-def parameters(trainer: GRPOMATrainer) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in trainer.engine.module.named_parameters()}
 
 
 def test_two_phase_tree_keeps_budget_bounds_and_the_allocation_of_its_first_rewards(make_config, data_path):
