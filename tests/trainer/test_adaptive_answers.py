@@ -7,9 +7,8 @@ import math
 
 import pytest
 import torch
-from length_reward import AnswerLength  # noqa: F401  (registers test_answer_length)
+from loop_helpers import overrides, parameters
 
-from tests.trainer.test_grpo_ma import overrides, parameters
 from vlm_grpoma.algorithm.allocation import neyman_allocation
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 from vlm_grpoma.rollout.tree import answers_at

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from length_reward import AnswerLength  # noqa: F401  (registers test_answer_length)
+from loop_helpers import overrides, parameters
 
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 from vlm_grpoma.rewards.base import RewardResult
@@ -41,22 +41,6 @@ register_reward("test_huge", Huge)
 @pytest.fixture(scope="module")
 def data_path(tmp_path_factory):
     return generate_shapes("detection", 8, tmp_path_factory.mktemp("shapes"), seed=0, config=EASY)
-
-
-def overrides(data_path, *extra):
-    return (
-        f"data.train_path={data_path}",
-        "rewards.weights={test_answer_length: 1.0, format: 0.5}",
-        "rollout.num_thoughts=4",
-        "rollout.answers_per_thought=4",
-        "rollout.max_thought_tokens=12",
-        "rollout.max_answer_tokens=8",
-        *extra,
-    )
-
-
-def parameters(trainer: GRPOMATrainer) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in trainer.engine.module.named_parameters()}
 
 
 def test_trains_k4_m4_with_finite_metrics_and_changes_weights(make_config, data_path):
