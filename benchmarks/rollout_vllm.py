@@ -51,7 +51,7 @@ def engines(preset: str, args: argparse.Namespace, workdir: Path) -> tuple[dict,
         kv_cache_gib=args.kv_cache_gib if device == "cpu" else 0.0,
     )
     config = Config(model=model_cfg, rollout=RolloutConfig(backend="vllm"))
-    vllm = build_rollout_engine(config, loaded.model, loaded.adapter, vllm_options=options)
+    vllm = build_rollout_engine(config, loaded.model, loaded.adapter, vllm_options_override=options)
     built = {
         ("vllm", True): vllm,
         ("vllm", False): replace(vllm, options=replace(vllm.options, reuse_prefix_cache=False)),

@@ -16,6 +16,7 @@ EXPECTED_COMMANDS = {
     "eval",
     "export",
     "manip-eval",
+    "rollout-server",
     "make-data",
     "make-assets",
     "convert",

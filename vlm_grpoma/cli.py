@@ -376,6 +376,26 @@ def _fetch_mesa_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _rollout_server_args(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = (
+        "The engine is built from the run's config: model.* (checkpoint, dtype, pixel bounds), rollout.vllm.* "
+        "(engine options, e.g. rollout.vllm.max_model_len=4096) and the log-prob mode; give the same --config "
+        "the trainer runs with. One engine per server (tensor_parallel_size 1): start one per device and list "
+        "them all in the trainer's rollout.server.urls. No authentication: bind it to a trusted network."
+    )
+    p.add_argument("--config", help="the run's YAML config (its model and rollout.vllm sections)")
+    p.add_argument("--model", help="checkpoint folder or hub id (instead of the config's model.name_or_path)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8400, help="port to listen on (0: any free port, printed)")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted config overrides, e.g. rollout.vllm.dtype=bfloat16",
+    )
+
+
 def _launch_scripts_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", required=True, help="folder to write train.sh, slurm.sbatch, hostfile.example into"
@@ -465,6 +485,12 @@ COMMANDS: tuple[Command, ...] = (
         "fetch Mesa lavapipe (CPU Vulkan, Debian/Ubuntu apt) into the cache for SAPIEN rendering",
         "vlm_grpoma.envs.sapien.vulkan:fetch_main",
         _fetch_mesa_args,
+    ),
+    Command(
+        "rollout-server",
+        "serve rollouts from a vLLM engine on this device for trainers elsewhere (rollout.backend=vllm_server)",
+        "vlm_grpoma.rollout.server.service:main",
+        _rollout_server_args,
     ),
     Command(
         "launch-scripts",

@@ -42,3 +42,8 @@ class DistributedError(UserError):
 
 class CommandError(UserError):
     """Bad command-line input that fits none of the kinds above (e.g. ``--episodes 0``)."""
+
+
+class RolloutServerError(UserError):
+    """A rollout server (``rollout.backend=vllm_server``) unreachable, silent past ``rollout.server.timeout_s``,
+    or refusing a request; the message names its URL."""

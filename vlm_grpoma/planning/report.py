@@ -130,7 +130,11 @@ def format_report(report: PlanReport, name: str) -> str:
     )
     for part, value in mem.training_pass.items():
         lines.append(f"    {part:<44}{_gb(value)}")
-    backend = "vLLM weight sync" if c.rollout.backend == "vllm" else "transformers backend"
+    backend = {
+        "hf": "transformers backend",
+        "vllm": "vLLM weight sync",
+        "vllm_server": "weight push to servers",
+    }[c.rollout.backend]
     lines.append(f"  {f'rollout ({backend})':<46}{_gb(sum(mem.rollout.values()))}")
     for part, value in mem.rollout.items():
         lines.append(f"    {part:<44}{_gb(value)}")

@@ -1,0 +1,228 @@
+"""The ``vllm_server`` backend: trainer ranks sample from rollout servers and push their weights to them.
+
+Rank ``r`` samples from ``rollout.server.urls[r % n]``; the lowest rank of each server (ranks ``0..n-1``) pushes
+the weights after every optimizer step (ZeRO-3 gathered on all ranks, LoRA merged, the same names as the
+colocated engine's sync) and checks the server's digest of what it loaded against its own. Every rank then
+asks for the version it is on, so a rank never samples before its server holds the step's weights. The pushing
+rank keeps its last push and repeats it when the server's boot id changes (a server restarted mid-run).
+Every failure is one :class:`~vlm_grpoma.errors.RolloutServerError` line naming the URL, within
+``rollout.server.timeout_s``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vlm_grpoma.errors import ConfigError, RolloutServerError
+from vlm_grpoma.models.base import PromptInputs
+from vlm_grpoma.rollout.base import full_module
+from vlm_grpoma.rollout.server.wire import (
+    WireError,
+    decode_tree,
+    dumps,
+    encode_params,
+    encode_prompts,
+    encode_tree,
+    encode_weights,
+    loads,
+    weights_digest,
+)
+from vlm_grpoma.rollout.tree import RolloutTree
+from vlm_grpoma.rollout.vllm.weights import merged_weights
+from vlm_grpoma.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from vlm_grpoma.config import Config
+    from vlm_grpoma.models.qwen import QwenVLAdapter
+
+#: Direct connections only: a machine-wide http_proxy must not route trainer-server traffic.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def shared_session(world_size: int) -> str:
+    """One id for this training run, the same on every rank (rank 0's, broadcast)."""
+    session = [uuid.uuid4().hex]
+    if world_size > 1 and torch.distributed.is_initialized():
+        torch.distributed.broadcast_object_list(session, src=0)
+    return session[0]
+
+
+@dataclass
+class ServerRolloutEngine:
+    """A rollout backend that sends prompts to one rollout server and pushes weights to it (see the module)."""
+
+    url: str
+    adapter: QwenVLAdapter = field(repr=False)
+    timeout_s: float
+    pusher: bool  # the lowest rank on this server: it pushes the weights
+    session: str
+    tempered_logprobs: bool = False
+    version: int = 0  # weight pushes so far in this run: the version this rank samples with
+    device: str = "cpu"  # the server's platform (from /health)
+    sampled_version: int = 0  # the version the last reply was sampled with
+    stats: dict[str, float] = field(
+        default_factory=dict
+    )  # the last rollout's, as the server's engine counted
+    _pushed: tuple[bytes, str] | None = field(default=None, repr=False)  # the last push (body, digest)
+    _pushed_to: str | None = None  # the boot id of the server that holds it
+
+    @classmethod
+    def create(cls, config: Config, adapter: QwenVLAdapter, dist: Any = None) -> ServerRolloutEngine:
+        """The engine of this rank (``dist``: its place in the job; None: a lone process), checked against
+        its server's ``/health`` before anything is sent."""
+        urls = config.rollout.server.urls
+        rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
+        tempered = config.algorithm.logprob_temperature == "sampling" and config.rollout.temperature not in (
+            0.0,
+            1.0,
+        )
+        engine = cls(
+            url=urls[rank % len(urls)].rstrip("/"),
+            adapter=adapter,
+            timeout_s=config.rollout.server.timeout_s,
+            pusher=rank < len(urls),
+            session=shared_session(world),
+            tempered_logprobs=tempered,
+        )
+        engine.check_server()
+        return engine
+
+    # -- transport ----------------------------------------------------------------------------------------
+
+    def _send(self, method: str, path: str, body: bytes | None = None) -> bytes:
+        request = urllib.request.Request(self.url + path, data=body, method=method)
+        where = f"rollout server {self.url}"
+        try:
+            with _OPENER.open(request, timeout=self.timeout_s) as response:
+                return response.read()
+        except urllib.error.HTTPError as err:
+            try:
+                message = json.loads(err.read())["error"]
+            except (ValueError, KeyError, TypeError, OSError):
+                message = err.reason
+            raise RolloutServerError(f"{where}: {method} {path} refused ({err.code}): {message}") from None
+        except TimeoutError:
+            raise RolloutServerError(
+                f"{where}: no reply to {method} {path} within rollout.server.timeout_s={self.timeout_s:g} s"
+            ) from None
+        except urllib.error.URLError as err:
+            if isinstance(err.reason, TimeoutError):
+                raise RolloutServerError(
+                    f"{where}: no connection within rollout.server.timeout_s={self.timeout_s:g} s"
+                ) from None
+            raise RolloutServerError(
+                f"{where}: unreachable ({err.reason}); is `vlm-grpoma rollout-server` running there? "
+                "(rollout.server.urls)"
+            ) from None
+        except (ConnectionError, http.client.HTTPException) as err:
+            raise RolloutServerError(
+                f"{where}: the connection broke during {method} {path} ({type(err).__name__}); did the server stop?"
+            ) from None
+
+    def _call(self, path: str, payload: dict[str, Any] | bytes) -> dict[str, Any]:
+        reply = self._send("POST", path, payload if isinstance(payload, bytes) else dumps(payload))
+        try:
+            return loads(reply, f"reply to POST {path}")
+        except WireError as err:
+            raise RolloutServerError(f"rollout server {self.url}: {err}") from None
+
+    def health(self) -> dict[str, Any]:
+        """The server's ``/health``: model, device, pixel bounds, log-prob mode, held weights, boot id."""
+        try:
+            return json.loads(self._send("GET", "/health"))
+        except ValueError:
+            raise RolloutServerError(
+                f"rollout server {self.url}: /health is not JSON (is this a rollout server?)"
+            ) from None
+
+    def check_server(self) -> None:
+        """Refuse a server whose images or log-probs would differ from the trainer's: one line, the key."""
+        health = self.health()
+        self.device = str(health.get("device", "cpu"))
+        ours = {
+            "model.min_pixels": self.adapter.min_pixels,
+            "model.max_pixels": self.adapter.max_pixels,
+            "algorithm.logprob_temperature (tempered log-probs)": self.tempered_logprobs,
+        }
+        theirs = {
+            "model.min_pixels": health.get("min_pixels"),
+            "model.max_pixels": health.get("max_pixels"),
+            "algorithm.logprob_temperature (tempered log-probs)": health.get("tempered_logprobs"),
+        }
+        for key, value in ours.items():
+            if theirs[key] != value:
+                raise ConfigError(
+                    f"{key}: the trainer's {value} differs from rollout server {self.url}'s {theirs[key]}; "
+                    "start the server with the run's config (vlm-grpoma rollout-server --config RUN.yaml)"
+                )
+
+    # -- weights ------------------------------------------------------------------------------------------
+
+    def update_weights(self, model: Any) -> int:
+        """Push ``model``'s weights (on every rank: ZeRO-3 gathers collectively; the pusher sends) and move this
+        rank to the next version. Returns how many tensors this rank pushed (0 on the others)."""
+        with full_module(model) as module:
+            pairs = encode_weights(merged_weights(module)) if self.pusher else None
+        self.version += 1
+        if pairs is None:
+            return 0
+        digest = weights_digest(pairs)
+        body = dumps({"session": self.session, "version": self.version, "weights": pairs, "digest": digest})
+        self._push(body, digest)
+        return len(pairs)
+
+    def _push(self, body: bytes, digest: str) -> None:
+        reply = self._call("/weights", body)
+        if reply.get("digest") != digest:
+            raise RolloutServerError(
+                f"rollout server {self.url}: it loaded weights with digest {reply.get('digest')}, the trainer "
+                f"sent {digest}"
+            )
+        self._pushed, self._pushed_to = (body, digest), str(reply.get("boot_id"))
+
+    def _ensure_pushed(self) -> None:
+        """Repeat the last push to a server that restarted since (it holds the checkpoint's weights)."""
+        if not self.pusher or self._pushed is None:
+            return
+        if self.health().get("boot_id") != self._pushed_to:
+            self._push(*self._pushed)
+
+    # -- sampling -----------------------------------------------------------------------------------------
+
+    def _needs(self) -> dict[str, Any]:
+        """The weights a request must be sampled with, and how long the server may wait for their push."""
+        return {"session": self.session, "version": self.version, "wait_s": self.timeout_s / 2}
+
+    def _tree(self, reply: dict[str, Any], prompts: Sequence[PromptInputs], path: str) -> RolloutTree:
+        try:
+            tree = decode_tree(reply.get("tree"), prompts, f"reply to POST {path}")
+        except WireError as err:
+            raise RolloutServerError(f"rollout server {self.url}: {err}") from None
+        self.sampled_version = int(reply.get("version", -1))
+        self.stats = {str(k): float(v) for k, v in dict(reply.get("stats") or {}).items()}
+        return tree
+
+    def sample(self, prompts: Sequence[PromptInputs], params: SamplingParams) -> RolloutTree:
+        self._ensure_pushed()
+        payload = {"prompts": encode_prompts(prompts), "params": encode_params(params), **self._needs()}
+        return self._tree(self._call("/sample", payload), prompts, "/sample")
+
+    def sample_answers(self, tree: RolloutTree, counts: torch.Tensor, params: SamplingParams) -> RolloutTree:
+        self._ensure_pushed()
+        payload = {
+            "prompts": encode_prompts(tree.prompts),
+            "tree": encode_tree(tree),
+            "counts": counts.to(torch.long),
+            "params": encode_params(params),
+            **self._needs(),
+        }
+        return self._tree(self._call("/sample_answers", payload), tree.prompts, "/sample_answers")

@@ -1,0 +1,304 @@
+"""The rollout server: one vLLM engine behind a small HTTP API (``vlm-grpoma rollout-server``).
+
+Endpoints: ``GET /health`` (JSON: the model, pixel bounds, log-prob mode, and the weights it holds: session,
+version, digest), ``POST /sample`` and ``POST /sample_answers`` (the colocated engine's two calls, same two-phase
+K x M requests, prefix caching on) and ``POST /weights`` (an in-place reload, caches dropped, version set).
+Bodies are :mod:`.wire`. Requests are answered on threads, but every engine call runs on the main thread, one at
+a time (vLLM's in-process CPU engine hangs when ``generate`` runs on another thread than the one that built it);
+``/health`` answers meanwhile.
+
+Weights are versioned per training run (a *session*): a sample request names the session and the version it
+needs and waits (bounded) until a push brings it, so a trainer rank never samples with weights older than the
+step it is on, and a restarted server, holding the checkpoint's weights, serves no one until the run pushes
+its current weights again. Each reply says the version it was sampled with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vlm_grpoma.config import Config, load_config, validate
+from vlm_grpoma.errors import ConfigError, UserError
+from vlm_grpoma.rollout.server.wire import (
+    WireError,
+    decode_params,
+    decode_prompts,
+    decode_tree,
+    decode_weights,
+    dumps,
+    encode_tree,
+    loads,
+    required,
+    weights_digest,
+)
+
+if TYPE_CHECKING:
+    from vlm_grpoma.rollout.vllm import VLLMRolloutEngine
+
+#: Launcher variables a server must not inherit: it is a lone process, not a rank of the training job.
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+class NotReady(Exception):
+    """The weights a request needs were not pushed within its wait."""
+
+
+@dataclass
+class HeldWeights:
+    """The weights the engine holds: pushed by ``session`` at ``version`` (session None: the checkpoint's)."""
+
+    session: str | None = None
+    version: int = 0
+    digest: str = ""
+    tensors: int = 0
+
+
+class RolloutService:
+    """The server's state: the engine (one call at a time) and the weights it holds."""
+
+    def __init__(self, engine: VLLMRolloutEngine, description: dict[str, Any]) -> None:
+        self.engine = engine
+        self.description = description
+        self.boot_id = uuid.uuid4().hex  # tells a client that this server restarted since its last push
+        self.held = HeldWeights()
+        self._changed = threading.Condition()
+        self._jobs: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
+
+    def _on_engine(self, job: Callable[[], Any]) -> Any:
+        """``job()``'s result, run by :meth:`run_engine` (the main thread), after the jobs queued before it."""
+        done: Future = Future()
+        self._jobs.put((job, done))
+        return done.result()
+
+    def run_engine(self, stop: threading.Event) -> None:
+        """Run the queued engine calls in order until ``stop`` is set (the main thread's loop)."""
+        while not stop.is_set():
+            try:
+                job, done = self._jobs.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if done.set_running_or_notify_cancel():
+                try:
+                    done.set_result(job())
+                except BaseException as err:  # handed to the request's thread, which answers with it
+                    done.set_exception(err)
+
+    def health(self, _: Any = None) -> dict[str, Any]:
+        with self._changed:
+            held = dataclasses.asdict(self.held)
+        return {**self.description, "boot_id": self.boot_id, **held}
+
+    def _await(self, body: dict[str, Any], what: str) -> None:
+        session = required(body, "session", str, what)
+        version = required(body, "version", int, what)
+        wait_s = float(required(body, "wait_s", (int, float), what))
+        deadline = time.monotonic() + wait_s
+        with self._changed:
+            while not (self.held.session == session and self.held.version >= version):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    holds = (
+                        f"version {self.held.version} of session {self.held.session}"
+                        if self.held.session
+                        else "the checkpoint's weights (nothing pushed since it started)"
+                    )
+                    raise NotReady(
+                        f"weights version {version} of session {session} were not pushed within {wait_s:g} s; "
+                        f"the server holds {holds}"
+                    )
+                self._changed.wait(left)
+
+    def sample(self, body: dict[str, Any]) -> dict[str, Any]:
+        what = "POST /sample"
+        prompts = decode_prompts(body.get("prompts"), what)
+        params = decode_params(body.get("params"), what)
+        self._await(body, what)
+
+        def job() -> dict[
+            str, Any
+        ]:  # pushes are engine jobs too: the version read here is the one sampled with
+            version = self.held.version
+            tree = self.engine.sample(prompts, params)
+            return {"tree": encode_tree(tree), "version": version, "stats": dict(self.engine.stats)}
+
+        return self._on_engine(job)
+
+    def sample_answers(self, body: dict[str, Any]) -> dict[str, Any]:
+        what = "POST /sample_answers"
+        prompts = decode_prompts(body.get("prompts"), what)
+        params = decode_params(body.get("params"), what)
+        tree = decode_tree(body.get("tree"), prompts, what)
+        counts = required(body, "counts", torch.Tensor, what)
+        if tuple(counts.shape) != tree.shape[:2]:
+            raise WireError(
+                f"{what}: counts has shape {tuple(counts.shape)}, the tree [B, K] = {tree.shape[:2]}"
+            )
+        self._await(body, what)
+
+        def job() -> dict[str, Any]:
+            version = self.held.version
+            extra = self.engine.sample_answers(tree, counts, params)
+            return {"tree": encode_tree(extra), "version": version, "stats": dict(self.engine.stats)}
+
+        return self._on_engine(job)
+
+    def load_weights(self, body: dict[str, Any]) -> dict[str, Any]:
+        what = "POST /weights"
+        session = required(body, "session", str, what)
+        version = required(body, "version", int, what)
+        pairs = decode_weights(body.get("weights"), what)
+        digest = weights_digest(pairs)
+        if digest != required(body, "digest", str, what):
+            raise WireError(f"{what}: the weights' digest differs from the sender's (damaged in transit)")
+
+        def job() -> dict[str, Any]:
+            if self.held.session == session and version < self.held.version:
+                raise WireError(
+                    f"{what}: version {version} is older than the held version {self.held.version}"
+                )
+            tensors = self.engine.load_weights(pairs)
+            with self._changed:
+                self.held = HeldWeights(session, version, digest, tensors)
+                self._changed.notify_all()
+            return {"version": version, "digest": digest, "tensors": tensors, "boot_id": self.boot_id}
+
+        return self._on_engine(job)
+
+
+def _status(err: Exception) -> int:
+    if isinstance(err, NotReady):
+        return 409
+    if isinstance(err, (WireError, UserError, ValueError)):
+        return 400
+    return 500
+
+
+def handler_for(service: RolloutService) -> type[BaseHTTPRequestHandler]:
+    """The HTTP handler of ``service``: a JSON error ``{"error": line}`` for every failed request."""
+    routes: dict[tuple[str, str], Callable[[Any], dict[str, Any]]] = {
+        ("GET", "/health"): service.health,
+        ("POST", "/sample"): service.sample,
+        ("POST", "/sample_answers"): service.sample_answers,
+        ("POST", "/weights"): service.load_weights,
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _reply(self, code: int, body: bytes, kind: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _error(self, code: int, message: str) -> None:
+            self._reply(code, json.dumps({"error": message}).encode(), "application/json")
+
+        def _route(self) -> None:
+            route = routes.get((self.command, self.path))
+            if route is None:
+                self._error(404, f"no endpoint {self.command} {self.path}")
+                return
+            try:
+                if self.command == "GET":
+                    self._reply(200, json.dumps(route(None)).encode(), "application/json")
+                    return
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                reply = route(loads(body, f"{self.command} {self.path}"))
+            except Exception as err:
+                code = _status(err)
+                if code == 500:  # a server-side bug or engine failure: keep the traceback in the server log
+                    traceback.print_exc()
+                self._error(
+                    code, " ".join(f"{type(err).__name__}: {err}".split()) if code == 500 else str(err)
+                )
+                return
+            self._reply(200, dumps(reply), "application/octet-stream")
+
+        do_GET = do_POST = _route
+
+        def log_message(self, format: str, *args: Any) -> None:
+            sys.stderr.write(f"rollout server: {self.command} {self.path} {format % args}\n")
+
+    return Handler
+
+
+def serve(service: RolloutService, host: str, port: int) -> None:
+    """Answer requests until interrupted (Ctrl-C; SIGTERM's default ends the process): HTTP on a thread, the
+    engine on this one."""
+    server = ThreadingHTTPServer((host, port), handler_for(service))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="rollout-server-http", daemon=True).start()
+    print(
+        f"rollout server: {service.description['model']} on {service.description['device']}, "
+        f"listening on http://{host}:{server.server_port}",
+        flush=True,
+    )
+    stop = threading.Event()
+    try:
+        service.run_engine(stop)
+    except KeyboardInterrupt:
+        stop.set()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def build_service(config: Config) -> RolloutService:
+    """The vLLM engine of ``config`` (model, pixel bounds, ``rollout.vllm``) in this process, alone."""
+    from vlm_grpoma.models.registry import load_adapter
+    from vlm_grpoma.rollout.backends import vllm_options
+    from vlm_grpoma.rollout.vllm import VLLMRolloutEngine
+
+    options = vllm_options(config, config.model.dtype)
+    if options.tensor_parallel_size != 1:
+        raise ConfigError(
+            "rollout.vllm.tensor_parallel_size: a rollout server runs one engine on one device; start one server "
+            "per device and list them all in rollout.server.urls"
+        )
+    for name in LAUNCHER_VARIABLES:
+        os.environ.pop(name, None)
+    adapter = load_adapter(config.model)
+    engine = VLLMRolloutEngine.create(
+        config.model.name_or_path,
+        adapter,
+        options,
+        seed=config.seed,
+        trust_remote_code=config.model.trust_remote_code,
+    )
+    description = {
+        "model": config.model.name_or_path,
+        "device": engine.device,
+        "dtype": options.dtype,
+        "min_pixels": adapter.min_pixels,
+        "max_pixels": adapter.max_pixels,
+        "tempered_logprobs": options.tempered_logprobs,
+    }
+    return RolloutService(engine, description)
+
+
+def main(args: argparse.Namespace) -> int:
+    """``vlm-grpoma rollout-server``: build the engine from the run's config, then serve."""
+    config = getattr(args, "config_obj", None) or load_config(None, args.overrides)
+    if args.model:
+        config = replace(config, model=replace(config.model, name_or_path=args.model))
+    validate(config)
+    serve(build_service(config), args.host, args.port)
+    return 0
