@@ -12,7 +12,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Wheels are not also kept in pip's cache: the two venvs' ~10 GB of wheels would need the disk twice over.
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: demo test test-vllm setup-vllm lint setup clean device-check device-wheels docs config-reference
+.PHONY: demo test test-fast jit-ops test-vllm setup-vllm lint setup clean device-check device-wheels docs config-reference
 
 setup: $(STAMP) $(CACHE)/wheels/.dashscope $(CACHE)/mesa/.done
 
@@ -38,8 +38,20 @@ lint: $(STAMP)
 	$(BIN)/ruff check vlm_grpoma tests benchmarks
 	$(BIN)/ruff format --check vlm_grpoma tests benchmarks
 
-test: setup lint
-	$(BIN)/pytest
+# Two xdist workers (one torch thread each, tests/conftest.py): the launcher tests run one at a time on one of
+# them, the slow tests start first. --durations=15: every log shows where the time went.
+PARALLEL := -n 2 --dist loadgroup
+
+# DeepSpeed's CPU communication op, built once before the workers start (instant once built).
+jit-ops: $(STAMP)
+	$(BIN)/python scripts/build_jit_ops.py
+
+test: setup lint jit-ops
+	$(BIN)/pytest $(PARALLEL) --durations=15
+
+# The inner loop after every change: everything but the slow, launcher, vLLM and GPU tests (tests/README.md).
+test-fast: setup lint jit-ops
+	$(BIN)/pytest $(PARALLEL) -m "not slow and not launcher and not vllm and not gpu"
 
 # The manual as a site (mkdocs.yml; the `docs` extra, installed into .venv on first use): the config reference
 # must be current, then a strict build into site/ (a broken link, anchor or nav entry fails).

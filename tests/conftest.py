@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,3 +32,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
 def arch(request: pytest.FixtureRequest) -> str:
     """Each Qwen-VL family in turn."""
     return request.param
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Scheduling for ``pytest -n 2 --dist loadgroup`` (``make test``): the launcher tests, which start several
+    ranks each, run one at a time on one worker; the slow ones start first, so the run does not end with one
+    long test on one worker while the other idles. A run without xdist keeps the files' order."""
+    for item in items:
+        if item.get_closest_marker("launcher"):
+            item.add_marker(pytest.mark.xdist_group("launcher"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)

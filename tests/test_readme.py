@@ -200,6 +200,7 @@ def test_refcoco_pickle_step_runs_as_pasted(tmp_path):
     assert json.loads((tmp_path / "data" / "raw" / "refcoco" / "refs(unc).json").read_text()) == refs
 
 
+@pytest.mark.slow  # a CLI process end to end (~5-11 s)
 def test_make_tiny_model_commands_run(tmp_path):
     tiny = [c for c in ALL_COMMANDS if "make-tiny-model" in c]
     assert tiny

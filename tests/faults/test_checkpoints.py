@@ -191,6 +191,7 @@ def test_a_planted_payload_is_refused_and_never_runs(planted, run_copy, make_con
     assert not marker.exists()
 
 
+@pytest.mark.slow  # a CLI process end to end (~5-11 s)
 def test_planted_payload_through_the_cli_is_one_line_and_exit_1(run_copy, overrides, tmp_path):
     step2 = run_copy / "checkpoints" / "step-00000002"
     marker = tmp_path / "MARKER"
@@ -218,6 +219,7 @@ def _resume_error_line(step: Path, run: Path, overrides, tmp_path: Path) -> str:
     return line
 
 
+@pytest.mark.slow  # a CLI process end to end (~5-11 s)
 @pytest.mark.parametrize("damaged", [MODEL_STATES, "trainer_state.pt"])
 def test_damage_the_manifest_agrees_with_is_still_one_line_through_the_cli(
     damaged, run_copy, overrides, tmp_path

@@ -31,6 +31,7 @@ def test_impossible_settings_are_one_line_config_errors(override, message):
     assert str(caught.value) == message
 
 
+@pytest.mark.slow  # a CLI process end to end (~5-11 s)
 def test_a_bad_resume_path_names_the_key_once(overrides, tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("{}\n")
@@ -44,6 +45,7 @@ def test_a_bad_resume_path_names_the_key_once(overrides, tmp_path):
     ]
 
 
+@pytest.mark.slow  # a CLI process end to end (~5-11 s)
 def test_an_empty_records_file_says_so(overrides, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

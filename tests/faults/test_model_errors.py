@@ -121,6 +121,7 @@ def _train(command: str, tmp_path: Path, overrides: list[str]):
     return run_cli(command, "--config", str(config), *overrides)
 
 
+@pytest.mark.slow  # a CLI process end to end (~5-11 s)
 def test_train_and_sft_with_a_mistyped_model_path_are_one_line(overrides, tmp_path):
     typo = str(tmp_path / "modle")
     for command in ("train", "sft"):
@@ -128,12 +129,14 @@ def test_train_and_sft_with_a_mistyped_model_path_are_one_line(overrides, tmp_pa
         _assert_one_line(done, "model.name_or_path", typo)
 
 
+@pytest.mark.slow  # a CLI process end to end (~5-11 s)
 def test_train_with_a_truncated_safetensors_is_one_line_naming_the_file(overrides, model_copy, tmp_path):
     weights = _truncate(model_copy)
     done = _train("train", tmp_path, overrides(tmp_path / "out", f"model.name_or_path={model_copy}"))
     _assert_one_line(done, weights, "damaged or truncated")
 
 
+@pytest.mark.slow  # a CLI process end to end (~5-11 s)
 def test_eval_of_a_checkpoint_with_a_damaged_config_is_one_line(model_copy, shapes_path):
     config = _break_config(model_copy)
     done = run_cli(
@@ -142,6 +145,7 @@ def test_eval_of_a_checkpoint_with_a_damaged_config_is_one_line(model_copy, shap
     _assert_one_line(done, config)
 
 
+@pytest.mark.slow  # a CLI process end to end (~5-11 s)
 def test_check_data_checks_the_records_first_and_an_uncached_model_offline_at_once(shapes_path):
     done = run_cli("check-data", str(shapes_path), "--model", UNCACHED, env={"HF_HUB_OFFLINE": "1"})
     _assert_one_line(done, "model.name_or_path", UNCACHED, "HF_HUB_OFFLINE")

@@ -45,6 +45,7 @@ def _in_namespace(script: str, command: list[str], **env: str) -> subprocess.Com
     )
 
 
+@pytest.mark.slow  # a CLI process end to end (~5-11 s)
 def test_disk_full_while_saving_a_checkpoint(overrides, tmp_path):
     out, kept = tmp_path / "run", tmp_path / "kept"
     out.mkdir()
@@ -89,6 +90,7 @@ def test_read_only_output_folder(overrides, tmp_path):
     ]
 
 
+@pytest.mark.slow  # a CLI process end to end (~5-11 s)
 def test_disk_full_while_writing_metrics_is_one_line_not_masked_by_closing(overrides, tmp_path):
     out = tmp_path / "run"
     out.mkdir()

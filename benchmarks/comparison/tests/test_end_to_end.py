@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from comparison.graph import Layout, build_jobs
 from comparison.jobs import run_jobs
 from comparison.main import main
 from comparison.plan import Arm, ComparePlan, TaskSetup
 from comparison.report import write_results
+
+pytestmark = pytest.mark.slow  # whole plans through the real commands (45-95 s each)
 
 
 def test_miniature_comparison_runs_every_command_and_reports(tmp_path, monkeypatch):
