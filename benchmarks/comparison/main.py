@@ -54,6 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--steps", type=int, help="GRPO steps of every run (default: the plan's), the same for every arm"
     )
     p.add_argument(
+        "--time-budget",
+        type=float,
+        help="seconds of step time every arm trains (equal-time plans; default: the plan's), the same for every arm",
+    )
+    p.add_argument(
         "--page",
         help="file name of the report under --docs (default results.md for the whole toy plan, "
         "results-<plan>.md otherwise), e.g. results-adaptive.md so a subset does not overwrite a whole plan's",
@@ -69,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             ComparePlan.named(args.plan, args.quick)
             .select(args.tasks, args.arms, args.seeds)
             .with_steps(args.steps)
+            .with_time_budget(args.time_budget)
             .with_page(args.page)
         )
         report_names(plan, args.page)  # a bad --page fails now, not after the runs

@@ -320,6 +320,22 @@ class ComparePlan:
             tasks=tuple(replace(task, steps=steps) for task in self.tasks),
         )
 
+    def with_time_budget(self, seconds: float | None) -> ComparePlan:
+        """This equal-time plan with every arm trained for ``seconds`` of step time (``--time-budget``: a shorter
+        run, the same for every arm); ``None`` keeps the plan's budget. A plan of equal steps has none to set."""
+        if seconds is None:
+            return self
+        if not self.equal_time:
+            raise ValueError(f"--time-budget: plan {self.name!r} compares at equal steps; use --steps")
+        if not 0 < seconds < float("inf"):
+            raise ValueError(f"--time-budget: {seconds:g} s; give a finite number of seconds > 0")
+        return replace(
+            self,
+            name=self.name if self.name.endswith("-subset") else f"{self.name}-subset",
+            arguments=f"{self.arguments} --time-budget {seconds:g}",
+            time_budget_s=seconds,
+        )
+
     def with_page(self, page: str | None) -> ComparePlan:
         """This plan with ``--page`` in its arguments, so the report names the command that wrote it (where
         it is written, ``--docs`` and ``--out``, is not part of what it measured)."""

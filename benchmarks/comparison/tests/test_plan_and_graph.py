@@ -198,3 +198,21 @@ def test_steps_and_page_options_shorten_every_arm_alike_and_name_the_report():
         ComparePlan.full().with_steps(0)
     with pytest.raises(ValueError, match="--page"):
         report_names(plan, "docs/results.md")
+
+
+def test_time_budget_option_sets_every_arms_seconds_and_names_the_report():
+    quick = ComparePlan.reasoning_quick()
+    plan = quick.with_time_budget(4)
+    assert plan.time_budget_s == 4 and quick.time_budget_s == 15 and plan.tasks == quick.tasks
+    assert (
+        plan.name == "reasoning-quick-subset"
+        and plan.arguments == " --plan reasoning --quick --time-budget 4"
+    )
+    assert quick.with_time_budget(None) is quick
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=r"^--time-budget: .* give a finite number of seconds > 0$"):
+            quick.with_time_budget(bad)
+    with pytest.raises(
+        ValueError, match=r"^--time-budget: plan 'full' compares at equal steps; use --steps$"
+    ):
+        ComparePlan.full().with_time_budget(4)
