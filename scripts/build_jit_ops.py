@@ -20,7 +20,6 @@ def main() -> int:
     built = Path(torch_extensions_dir()) / OP / f"{OP}.so"
     if built.is_file():
         return 0
-    print(f"build_jit_ops: building {OP} into {built.parent} (once per torch version)", flush=True)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import_deepspeed()
     from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
