@@ -143,6 +143,24 @@ BAD = [
         r"^data\.eval_sets: must be a mapping of str to str, got \['a\.jsonl'\]$",
     ),
     ("deepspeed: {zero_stage: 4}", r"^deepspeed\.zero_stage: must be one of 0, 1, 2, 3, got 4$"),
+    (
+        "train: {async_rollout: {enabled: true}}",
+        r"^train\.async_rollout\.enabled: needs rollout\.backend=vllm_server .*got 'hf'$",
+    ),
+    (
+        "rollout: {backend: vllm_server, server: {urls: ['http://h:1']}, adaptive_answers: {enabled: true}}\n"
+        "train: {async_rollout: {enabled: true}}",
+        r"^train\.async_rollout\.enabled: cannot prefetch with rollout\.adaptive_answers\.enabled",
+    ),
+    (
+        "rollout: {backend: vllm_server, server: {urls: ['http://h:1']}}\n"
+        "algorithm: {rollout_correction: {mode: none}}\ntrain: {async_rollout: {enabled: true}}",
+        r"^train\.async_rollout\.enabled: needs algorithm\.rollout_correction\.mode tis, mis or auto",
+    ),
+    (
+        "train: {async_rollout: {max_staleness: 0}}",
+        r"^train\.async_rollout\.max_staleness: must be >= 1, got 0$",
+    ),
     ("deepspeed: {zero_stage: true}", r"^deepspeed\.zero_stage: must be one of 0, 1, 2, 3, got True$"),
     (
         "train: {prompts_per_step: 6, micro_batch_prompts: 4}",

@@ -4,6 +4,7 @@ launch/, and train.sh refuses unusable input with one line before starting the l
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -62,3 +63,35 @@ def test_train_sh_help_is_its_header():
     assert "set -euo" not in shown.stdout and shown.stdout.rstrip().endswith("hostfile.example into DIR.")
     bare = subprocess.run(["bash", str(TRAIN_SH)], capture_output=True, text=True)
     assert bare.returncode == 2 and bare.stdout == "" and bare.stderr == shown.stdout  # no config: misuse
+
+
+def test_train_sh_serve_and_train_layout_refuses_what_it_cannot_lay_out_in_one_line(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("train: {steps: 1}\n")
+    word = train_sh(tmp_path, str(config), ROLLOUT_SERVERS="two")
+    assert (
+        word.returncode == 2
+        and word.stderr == "train.sh: ROLLOUT_SERVERS must be a number of servers, got 'two'\n"
+    )
+    (tmp_path / "hostfile").write_text("node-a slots=1\n")
+    nodes = train_sh(tmp_path, str(config), ROLLOUT_SERVERS="1", HOSTFILE="hostfile")
+    assert nodes.returncode == 2 and "ROLLOUT_NODES" in nodes.stderr and nodes.stderr.count("\n") == 1
+    gpus = train_sh(tmp_path, str(config), ROLLOUT_SERVERS="1", NUM_GPUS="1")
+    assert gpus.returncode == 2
+    assert gpus.stderr == "train.sh: ROLLOUT_SERVERS=1 leaves none of this node's 1 GPU(s) to train on\n"
+
+
+def test_train_sh_names_a_rollout_server_that_exits_before_serving_and_starts_no_rank(tmp_path):
+    """The server gets the run's config: a model folder that does not exist ends it at start-up, and its last
+    line (naming the folder) is the script's one line, before the launcher runs."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {{name_or_path: {tmp_path / 'no-model'}}}\ntrain: {{steps: 1}}\n")
+    run = train_sh(tmp_path, str(config), ROLLOUT_SERVERS="1", ROLLOUT_LOG_DIR="logs")
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert re.match(
+        r"train\.sh: rollout server process \d+ exited before serving \(logs/server-0\.log\): ", lines[0]
+    )
+    assert "vlm-grpoma rollout-server: error:" in lines[0] and "no-model" in lines[0]
+    assert (tmp_path / "logs" / "server-0.log").read_text().strip()

@@ -9,27 +9,38 @@ one world of 2 (the real GRPO-MA trainer under the real DeepSpeed launcher, CPU 
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
 import shutil
+import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 from launch_support import NODE_WORKER, explain, launcher_env, rank_reports, run_together
 
+from tests.rollout.server_process import TEST_ENGINE
 from vlm_grpoma.distributed import free_port
 from vlm_grpoma.launch_scripts import write_launch_scripts
 
 SRUN = r"""#!/usr/bin/env bash
 # Stand-in srun: one task per node of the allocation, all run on this machine with that node's variables.
+# --nodelist=a,b: those nodes only (a step on part of the allocation, its logs named after its first node).
 printf '%s\n' "$@" > "$SRUN_RECORD/args"
 env | grep -E '^(SRUN|SLURM)_' | sort > "$SRUN_RECORD/env"
-while [[ "$1" == --* ]]; do shift; done
-mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+nodelist=$SLURM_JOB_NODELIST
+prefix=
+while [[ "$1" == --* ]]; do
+    [[ "$1" == --nodelist=* ]] && { nodelist=${1#--nodelist=}; prefix=step-${nodelist%%,*}-; }
+    shift
+done
+mapfile -t hosts < <(scontrol show hostnames "$nodelist")
 pids=()
+trap 'kill -TERM "${pids[@]}" 2> /dev/null; wait; exit 143' TERM  # srun passes a signal on to its tasks
 for i in "${!hosts[@]}"; do
     SLURM_NODEID=$i SLURM_PROCID=$i SLURM_LOCALID=0 SLURMD_NODENAME=${hosts[$i]} "$@" \
-        > "$SRUN_RECORD/node-$i.log" 2>&1 &
+        > "$SRUN_RECORD/${prefix}node-$i.log" 2>&1 &
     pids+=($!)
 done
 status=0
@@ -134,3 +145,58 @@ def test_slurm_batch_script_refuses_clearly_before_starting_anything(tmp_path, c
     )
     assert no_launch.returncode == 2 and f"no launch/train.sh in {elsewhere}" in no_launch.output
     assert not (cluster["record"] / "args").exists()  # srun never ran
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.launcher
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed in this environment (`make test-vllm` runs these tests in .venv-vllm)",
+)
+def test_slurm_batch_script_serves_from_its_first_node_and_trains_on_the_other(
+    train_config, tiny_model_dir, tmp_path, cluster
+):
+    """ROLLOUT_NODES=1: node 0 runs a rollout server (train.sh in serve-only mode), node 1 trains two CPU ranks
+    through it (async), the hostfile lists the training node only, and the server ends with the job."""
+    port, server_port = str(free_port()), free_port()
+    env = job_env(
+        cluster,
+        GPUS_PER_NODE="2",  # the training node's CPU ranks
+        ROLLOUT_NODES="1",
+        ROLLOUT_SERVERS_PER_NODE="1",
+        ROLLOUT_PORT=str(server_port),
+        MASTER_PORT=port,
+        TRAIN_SCRIPT=str(NODE_WORKER),
+        NODE_CHECK_DIR=str(tmp_path / "ranks"),
+    )
+    model = tiny_model_dir("qwen2_5_vl", "small")
+    argv = [
+        "bash",
+        str(cluster["script"]),
+        str(train_config),
+        f"logging.output_dir={tmp_path / 'run'}",
+        f"model.name_or_path={model}",
+        "model.max_pixels=12544",
+        "train.prompts_per_step=4",
+        "train.async_rollout.enabled=true",
+        *TEST_ENGINE[1:],
+    ]
+    [job] = run_together([(argv, env)], tmp_path, timeout=900)
+    logs = "\n".join(f"--- {p.name} ---\n{p.read_text()[-3000:]}" for p in cluster["record"].glob("*.log"))
+    assert job.returncode == 0, explain([job]) + logs
+    submit = cluster["submit"]
+    assert (submit / "runs" / f"hostfile-{JOB_ID}").read_text() == "127.0.0.1 slots=2\n"
+    assert f"1 rollout server(s) on localhost; logs in runs/rollout-servers-{JOB_ID}" in job.output
+    server_log = submit / "runs" / f"rollout-servers-{JOB_ID}" / "localhost" / "server-0.log"
+    assert f"listening on http://0.0.0.0:{server_port}" in server_log.read_text()
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert f"http://localhost:{server_port}" in saved and "vllm_server" in saved
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["async/staleness"] for r in rows] == [0, 1, 1]
+    reports = rank_reports(tmp_path / "ranks", 2)
+    assert all(seen["world_size"] == 2 and seen["env"]["NODE_RANK"] == "0" for seen, _ in reports)
+    with pytest.raises(OSError):  # stopped with the job
+        urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+            f"http://127.0.0.1:{server_port}/health", timeout=5
+        )

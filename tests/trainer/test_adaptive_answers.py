@@ -176,7 +176,7 @@ def test_dynamic_sampling_refills_with_ragged_trees(make_config, data_path):
             )
         )
     )
-    batch, _ = trainer._step_batch(PhaseTimer())
+    batch, _, _ = trainer._step_batch(PhaseTimer())
     counts = batch.tree.answer_counts
     assert 1 <= batch.size <= 4 and (counts.sum(1) == 14).all()
     assert torch.equal(batch.tree.present, torch.arange(6) < counts.unsqueeze(-1))

@@ -67,7 +67,7 @@ def overrides(data_path, *extra):
 
 def test_a_step_is_filled_with_informative_prompts_when_half_are_constant(make_config, data_path):
     trainer = GRPOMATrainer(make_config(*overrides(data_path)))
-    batch, metrics = trainer._step_batch(PhaseTimer())
+    batch, metrics, _ = trainer._step_batch(PhaseTimer())
     assert batch.size == 4  # train.prompts_per_step
     assert not any(constant_record(r.id) for r in batch.records)
     assert informative_prompts(batch.scored.rewards) == [0, 1, 2, 3]
@@ -92,7 +92,7 @@ def test_when_rounds_run_out_the_step_trains_on_what_it_has(make_config, data_pa
             *overrides(data_path, "algorithm.dynamic_sampling.max_rounds=1", "train.prompts_per_step=8")
         )
     )
-    batch, metrics = trainer._step_batch(PhaseTimer())
+    batch, metrics, _ = trainer._step_batch(PhaseTimer())
     assert metrics["groups/refill_rounds"] == 1
     assert 0 < batch.size <= 8 and not any(constant_record(r.id) for r in batch.records)
     trainer.engine.close()

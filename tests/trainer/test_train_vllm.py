@@ -17,14 +17,18 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.rollout.server_process import ServerProcess, start_server
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
+from vlm_grpoma.run_layout import TRAINER_STATE_FILE
+from vlm_grpoma.trainer.sampler import PromptSampler
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = Path(__file__).with_name("length_reward.py")
@@ -66,6 +70,17 @@ def clean_env(**extra: str) -> dict[str, str]:
     """This environment without the pytest process's own rendezvous variables."""
     drop = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
     return {**{k: v for k, v in os.environ.items() if k not in drop}, "OMP_NUM_THREADS": "1", **extra}
+
+
+def train(config: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """``vlm-grpoma train`` (through ``TRAIN``) in one fresh process with a clean environment."""
+    return subprocess.run(
+        [sys.executable, str(TRAIN), "--config", str(config), *overrides],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def check_run(run: subprocess.CompletedProcess, output: Path) -> list[dict]:
@@ -123,21 +138,12 @@ def test_train_with_vllm_at_t07_corrects_the_rollout_mismatch(tiny_model_dir, tm
     tokens by ratios that differ from 1 exactly where the logged mismatch is non-zero, with GSPO's sequence
     ratio, the entropy mask and dynamic sampling on."""
     config = run_config(tmp_path, tiny_model_dir("qwen2_5_vl", "small"), 2, "deepspeed: {zero_stage: 0}")
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(TRAIN),
-            "--config",
-            str(config),
-            "rollout.temperature=0.7",
-            "algorithm.importance_sampling_level=sequence",
-            "algorithm.top_entropy_fraction=0.5",
-            "algorithm.dynamic_sampling.enabled=true",
-        ],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
+    run = train(
+        config,
+        "rollout.temperature=0.7",
+        "algorithm.importance_sampling_level=sequence",
+        "algorithm.top_entropy_fraction=0.5",
+        "algorithm.dynamic_sampling.enabled=true",
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -268,3 +274,111 @@ def test_a_server_killed_mid_run_stops_training_with_one_line(served, tmp_path):
     assert trainer.returncode == 1 and time.monotonic() - killed < 60
     errors = [line for line in stderr.splitlines() if line.startswith("vlm-grpoma train: error:")]
     assert len(errors) == 1 and f"rollout server {served.servers[0].url}" in errors[0], stderr[-3000:]
+
+
+def trained_record_ids(output: Path) -> dict[int, list[str]]:
+    """step -> the record of each prompt rank 0 trained on, in order (from samples.jsonl, every answer logged)."""
+    by_step: dict[int, list[str]] = {}
+    for line in (output / "samples.jsonl").read_text().splitlines():
+        sample = json.loads(line)
+        ids = by_step.setdefault(sample["step"], [])
+        if not ids or ids[-1] != sample["record"]:
+            ids.append(sample["record"])
+    return by_step
+
+
+def synchronous_order(
+    data: Path, prompts_per_step: int, steps: int
+) -> tuple[dict[int, list[str]], PromptSampler]:
+    """The records a synchronous run trains on per step, and its sampler after ``steps`` steps."""
+    ids = [json.loads(line)["id"] for line in data.read_text().splitlines()]
+    sampler = PromptSampler(len(ids), prompts_per_step, seed=0)
+    order = {step: [ids[i] for i in sampler.next_step()] for step in range(1, steps + 1)}
+    return order, sampler
+
+
+def async_run(served, tmp_path: Path, *extra: str) -> tuple[list[dict], Path]:
+    model, overrides = served.start("qwen2_5_vl")
+    config = run_config(tmp_path, model, 2, "deepspeed: {zero_stage: 0}")
+    run = train(
+        config,
+        *overrides,
+        "train.async_rollout.enabled=true",
+        "train.steps=4",
+        "checkpoint.save_every=2",
+        "logging.samples=8",  # every answer of both prompts: the trained records
+        "logging.samples_every=1",
+        *extra,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    return rows, tmp_path / "run"
+
+
+def test_async_training_through_a_rollout_server_samples_one_step_off(served, tmp_path):
+    """train.async_rollout: step t+1 is sampled while step t trains, so from step 2 on its tokens come from the
+    weights one push old; the logged mismatch then exceeds the fresh-weights bound (the staleness is real, and
+    TIS weighs it), the prompts are the synchronous run's in its order, and the checkpoint taken while step 3's
+    rollout was in flight saves the data position before its prompts (a resume draws them again)."""
+    rows, output = async_run(served, tmp_path)
+    assert [r["async/staleness"] for r in rows] == [0, 1, 1, 1]
+    assert [r["async/discarded"] for r in rows] == [0, 0, 0, 0]
+    assert all(r["async/wait_s"] >= 0 and r["train/skipped_steps"] == 0 for r in rows)
+    assert rows[0]["rollout/logp_mismatch_max"] < BOUND  # step 1 is sampled synchronously
+    assert all(r["rollout/logp_mismatch_max"] > BOUND for r in rows[1:]), rows
+    assert all(r["rollout_correction/ratio_max"] != 1.0 for r in rows[1:])
+    order, _ = synchronous_order(tmp_path / "data" / "records.jsonl", 2, 4)
+    assert trained_record_ids(output) == order
+    _, after_two = synchronous_order(tmp_path / "data" / "records.jsonl", 2, 2)
+    state = torch.load(output / "checkpoints" / "step-00000002" / TRAINER_STATE_FILE, weights_only=True)
+    assert state["data"] == after_two.state_dict()
+
+
+def test_async_rollouts_staler_than_max_staleness_are_sampled_again(served, tmp_path):
+    """With two policy epochs a one-step-off rollout lags by two versions: max_staleness=1 drops it and samples
+    the same prompts with the current weights (then the mismatch is back under the fresh-weights bound)."""
+    rows, output = async_run(
+        served, tmp_path, "algorithm.policy_epochs=2", "train.async_rollout.max_staleness=1"
+    )
+    assert [r["async/staleness"] for r in rows] == [0, 2, 2, 2]
+    assert [r["async/discarded"] for r in rows] == [0, 1, 1, 1]
+    assert all(r["rollout/logp_mismatch_max"] < BOUND for r in rows), rows
+    order, _ = synchronous_order(tmp_path / "data" / "records.jsonl", 2, 4)
+    assert trained_record_ids(output) == order
+
+
+@pytest.mark.launcher
+def test_train_sh_serve_and_train_layout_trains_two_ranks_async_through_its_server(tiny_model_dir, tmp_path):
+    """ROLLOUT_SERVERS=1 CPU_RANKS=2: launch/train.sh starts one rollout server with the run's config, waits
+    for it, trains two ZeRO-3 ranks through it one step off (rank 0 gathers and pushes), and stops it."""
+    from vlm_grpoma.distributed import free_port
+
+    port = free_port()
+    config = run_config(tmp_path, tiny_model_dir("qwen3_vl", "small"), 4, "deepspeed: {zero_stage: 3}")
+    deepspeed = Path(sys.executable).parent / "deepspeed"
+    run = subprocess.run(
+        ["bash", str(REPO / "launch" / "train.sh"), str(config), "train.async_rollout.enabled=true"],
+        env=clean_env(
+            CPU_RANKS="2",
+            ROLLOUT_SERVERS="1",
+            ROLLOUT_PORT=str(port),
+            ROLLOUT_LOG_DIR=str(tmp_path / "servers"),
+            DEEPSPEED=str(deepspeed),
+            TRAIN_SCRIPT=str(TRAIN),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "1 rollout server(s) ready" in run.stdout
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["async/staleness"] for r in rows] == [0, 1, 1]
+    assert all(r["train/grad_norm"] > 0 and r["train/skipped_steps"] == 0 for r in rows)
+    assert rows[0]["rollout/logp_mismatch_max"] < BOUND
+    assert "listening on http://127.0.0.1:" in (tmp_path / "servers" / "server-0.log").read_text()
+    with pytest.raises(OSError):  # stopped with the training
+        urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+            f"http://127.0.0.1:{port}/health", timeout=5
+        )

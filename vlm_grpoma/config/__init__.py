@@ -27,6 +27,7 @@ from vlm_grpoma.config.rules import NonEmpty, PromptTemplates, Range, Rule, chec
 from vlm_grpoma.config.sections import (
     AdaptiveAnswersConfig,
     AlgorithmConfig,
+    AsyncRolloutConfig,
     CheckpointConfig,
     Config,
     DataConfig,
@@ -50,6 +51,7 @@ __all__ = [
     "PEER_CHOICES",
     "AdaptiveAnswersConfig",
     "AlgorithmConfig",
+    "AsyncRolloutConfig",
     "CheckpointConfig",
     "Config",
     "ConfigError",

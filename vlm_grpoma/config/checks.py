@@ -52,6 +52,7 @@ def validate(config: Config, world_size: int | None = None) -> None:
     )
     _check_adaptive_answers(r)
     _check_servers(r)
+    _check_async_rollout(config)
     for name in config.rewards.options:
         _require(
             name in config.rewards.weights,
@@ -117,6 +118,30 @@ def _check_adaptive_answers(r: Any) -> None:
         r.temperature > 0,
         f"{key}.enabled",
         "needs sampled answers (rollout.temperature > 0): greedy answers of a thought are all the same",
+    )
+
+
+def _check_async_rollout(config: Config) -> None:
+    """``train.async_rollout``: a rollout server to overlap with, one rollout per step, stale tokens corrected."""
+    if not config.train.async_rollout.enabled:
+        return
+    key, r = "train.async_rollout.enabled", config.rollout
+    _require(
+        r.backend == "vllm_server",
+        key,
+        f"needs rollout.backend=vllm_server (the rollout runs on a server while this process trains), got "
+        f"{r.backend!r}",
+    )
+    _require(
+        not r.adaptive_answers.enabled,
+        key,
+        "cannot prefetch with rollout.adaptive_answers.enabled: its second rollout depends on the first's "
+        "rewards; turn one of them off",
+    )
+    _require(
+        config.algorithm.rollout_correction.resolved_mode(r.backend) != "none",
+        key,
+        "needs algorithm.rollout_correction.mode tis, mis or auto: it is what corrects the stale rollout",
     )
 
 

@@ -319,6 +319,20 @@ class OptimConfig:
 
 
 @dataclass
+class AsyncRolloutConfig:
+    """One step off: the next step's rollout runs on the rollout server while this step trains
+    (``rollout.backend=vllm_server`` only; ``trainer/async_rollout.py``). The key is not ``train.async``:
+    ``async`` is a Python keyword, so that name could not be a config field or a keyword argument."""
+
+    #: on: sample step t+1 while step t trains; its tokens come from weights one step (policy_epochs versions)
+    #: old, which algorithm.rollout_correction corrects (verl: one_step_off_policy; AReaL, slime)
+    enabled: bool = False
+    #: weight versions (optimizer steps) a prefetched rollout may lag the trained weights by, >= 1; one lagging
+    #: more is sampled again with the current weights (one step off lags by algorithm.policy_epochs)
+    max_staleness: int = checked(1, Range(ge=1, cap=1000))
+
+
+@dataclass
 class TrainConfig:
     """Batch arithmetic: prompts per optimizer step (global), split across ranks and micro-batches."""
 
@@ -350,6 +364,7 @@ class TrainConfig:
     #: seconds a rank waits in a collective (or at start-up for the others) before the job ends naming it;
     #: > 0, at most 7 days (604800)
     dist_timeout_s: float = checked(600.0, Range(gt=0, cap=7 * 86400, unit="seconds"))
+    async_rollout: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)
 
 
 @dataclass

@@ -7,6 +7,9 @@
 #   HOSTFILE=hostfile launch/train.sh CONFIG        # all nodes, started from the first over passwordless ssh
 #   HOSTFILE=hostfile NODE_RANK=i MASTER_PORT=p launch/train.sh CONFIG   # one call on each node, no ssh
 #                                                   # (what launch/slurm.sbatch does)
+#   ROLLOUT_SERVERS=2 launch/train.sh CONFIG        # GPUs 0-1 serve rollouts (one vLLM server each),
+#                                                   # the other GPUs train through them (vllm_server)
+#   ROLLOUT_SERVERS=1 CPU_RANKS=2 launch/train.sh CONFIG   # no GPU: 1 server process, 2 CPU trainer ranks
 #
 # Environment:
 #   NUM_GPUS      GPUs per node (default: all visible ones; CUDA_VISIBLE_DEVICES is honoured)
@@ -20,11 +23,19 @@
 #   COMMAND       the vlm-grpoma subcommand to run per rank: train (default) or sft
 #   TRAIN_SCRIPT  a Python script to run instead of `python -m vlm_grpoma.cli train` (same arguments; tests)
 #   DEEPSPEED     the launcher executable (default: .venv/bin/deepspeed of this checkout, else `deepspeed`)
+#   ROLLOUT_SERVERS  serve-and-train layout on this node: start this many `vlm-grpoma rollout-server`s
+#                 (the first GPUs, one each; on CPU, processes) with CONFIG and the overrides, wait for them,
+#                 train on the rest with rollout.backend=vllm_server and their URLs, stop them at the end
+#   ROLLOUT_PORT  first server's port (default 8400; server i listens on ROLLOUT_PORT + i)
+#   ROLLOUT_WAIT_S  seconds to wait for the servers to answer (default 900); ROLLOUT_LOG_DIR their logs
+#                 (default ./rollout-servers)
+#   ROLLOUT_SERVE_ONLY=1  only serve (ROLLOUT_SERVERS, default one per GPU, on ROLLOUT_HOST, default
+#                 127.0.0.1) until stopped: slurm.sbatch's serving nodes; ROLLOUT_URLS: the run's server list
 # The arguments after CONFIG are dotted overrides, e.g. train.steps=10 deepspeed.zero_stage=3.
 # `vlm-grpoma launch-scripts --out DIR` writes this script, slurm.sbatch and hostfile.example into DIR.
 set -euo pipefail
 
-usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,35p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
     usage
     exit 0
@@ -65,6 +76,19 @@ if [[ "$GPUS" -eq 0 ]]; then
     export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
 fi
 
+SERVERS=${ROLLOUT_SERVERS:-0}
+if [[ "${ROLLOUT_SERVE_ONLY:-0}" == 1 ]]; then  # every GPU serves (one server on a CPU node)
+    SERVERS=${ROLLOUT_SERVERS:-$((GPUS > 0 ? GPUS : 1))}
+    [[ "$SERVERS" -gt 0 ]] || die "ROLLOUT_SERVE_ONLY=1 needs ROLLOUT_SERVERS >= 1"
+fi
+[[ "$SERVERS" =~ ^[0-9]+$ ]] || die "ROLLOUT_SERVERS must be a number of servers, got '$SERVERS'"
+if [[ "${ROLLOUT_SERVE_ONLY:-0}" != 1 && "$SERVERS" -gt 0 && -n "${HOSTFILE:-}" ]]; then
+    die "ROLLOUT_SERVERS serves from this node only; across nodes use launch/slurm.sbatch with ROLLOUT_NODES, or start \`vlm-grpoma rollout-server\` on the serving nodes and set rollout.server.urls"
+fi
+if [[ "${ROLLOUT_SERVE_ONLY:-0}" != 1 && "$SERVERS" -gt 0 && "$GPUS" -gt 0 && "$GPUS" -le "$SERVERS" ]]; then
+    die "ROLLOUT_SERVERS=$SERVERS leaves none of this node's $GPUS GPU(s) to train on"
+fi
+
 ARGS=(--no_local_rank)
 if [[ -n "${HOSTFILE:-}" ]]; then
     [[ -f "$HOSTFILE" ]] || die "HOSTFILE $HOSTFILE not found (copy hostfile.example and list your nodes)"
@@ -79,6 +103,8 @@ if [[ -n "${HOSTFILE:-}" ]]; then
         MASTER_PORT=${MASTER_PORT:-29500}
         ARGS+=(--no_ssh --node_rank "$NODE_RANK")
     fi
+elif [[ "$GPUS" -gt 0 && "$SERVERS" -gt 0 ]]; then
+    ARGS+=(--include "localhost:$(seq -s, "$SERVERS" $((GPUS - 1)))")  # the GPUs after the servers' ones
 elif [[ "$GPUS" -gt 0 ]]; then
     ARGS+=(--num_nodes 1 --num_gpus "$GPUS")
 else
@@ -93,6 +119,59 @@ ARGS+=(--master_port "$MASTER_PORT")
 # the launcher processes ignore it (they would die of it), and each rank installs its own handler.
 trap '' USR1
 if [[ -n "${TRAIN_SCRIPT:-}" ]]; then
-    exec "$DEEPSPEED" "${ARGS[@]}" "$TRAIN_SCRIPT" --config "$CONFIG" "$@"
+    RANK_COMMAND=("$TRAIN_SCRIPT" --config "$CONFIG" "$@")
+else
+    RANK_COMMAND=(--module vlm_grpoma.cli "${COMMAND:-train}" --config "$CONFIG" "$@")
 fi
-exec "$DEEPSPEED" "${ARGS[@]}" --module vlm_grpoma.cli "${COMMAND:-train}" --config "$CONFIG" "$@"
+if [[ "$SERVERS" -eq 0 ]]; then
+    exec "$DEEPSPEED" "${ARGS[@]}" "${RANK_COMMAND[@]}"
+fi
+
+# Serve-and-train: the servers first (the run's config and overrides: the same model, pixels and engine
+# options), each answering /health before any rank starts; stopped however the training ends. Serve-only
+# (ROLLOUT_SERVE_ONLY=1): the servers alone, until one ends or the script is stopped.
+LOGS=${ROLLOUT_LOG_DIR:-rollout-servers}
+mkdir -p "$LOGS"
+PORT0=${ROLLOUT_PORT:-8400}
+URLS=()
+LOCAL=()
+for ((i = 0; i < SERVERS; i++)); do
+    URLS+=("\"http://127.0.0.1:$((PORT0 + i))\"")
+    LOCAL+=("http://127.0.0.1:$((PORT0 + i))")
+done
+LAYOUT=(rollout.backend=vllm_server "rollout.server.urls=${ROLLOUT_URLS:-[$(IFS=,; echo "${URLS[*]}")]}")
+SERVER_PIDS=()
+stop_servers() {
+    [[ ${#SERVER_PIDS[@]} -gt 0 ]] || return 0
+    kill "${SERVER_PIDS[@]}" 2> /dev/null || true
+    wait "${SERVER_PIDS[@]}" 2> /dev/null || true
+}
+trap stop_servers EXIT
+WATCH=()
+for ((i = 0; i < SERVERS; i++)); do
+    if [[ "$GPUS" -gt 0 ]]; then DEVICE=(env CUDA_VISIBLE_DEVICES="$i"); else DEVICE=(env); fi
+    "${DEVICE[@]}" "$PYTHON" -m vlm_grpoma.cli rollout-server --config "$CONFIG" --host "${ROLLOUT_HOST:-127.0.0.1}" \
+        --port $((PORT0 + i)) "$@" "${LAYOUT[@]}" > "$LOGS/server-$i.log" 2>&1 &
+    SERVER_PIDS+=($!)
+    WATCH+=(--watch "$!=$LOGS/server-$i.log")
+done
+"$PYTHON" -m vlm_grpoma.rollout.server.readiness --prefix "train.sh: " --timeout-s "${ROLLOUT_WAIT_S:-900}" \
+    "${WATCH[@]}" "${LOCAL[@]}" || exit 2
+if [[ "${ROLLOUT_SERVE_ONLY:-0}" == 1 ]]; then
+    echo "train.sh: ${SERVERS} rollout server(s) serving on $(hostname) ports $PORT0.. (logs in $LOGS)"
+    trap 'exit 0' TERM INT  # stopped by the job: the EXIT trap stops the servers
+    STATUS=0
+    wait -n "${SERVER_PIDS[@]}" || STATUS=$?
+    echo "train.sh: a rollout server on $(hostname) exited ($STATUS); see $LOGS" >&2
+    exit 1
+fi
+echo "train.sh: ${SERVERS} rollout server(s) ready (logs in $LOGS), training through them"
+STATUS=0
+"$DEEPSPEED" "${ARGS[@]}" "${RANK_COMMAND[@]}" "${LAYOUT[@]}" &
+TRAIN_PID=$!
+trap 'kill -TERM "$TRAIN_PID" 2> /dev/null' TERM INT
+while true; do
+    wait "$TRAIN_PID" && STATUS=0 || STATUS=$?
+    kill -0 "$TRAIN_PID" 2> /dev/null || break  # a trapped signal interrupted the wait: keep waiting
+done
+exit "$STATUS"

@@ -225,6 +225,10 @@ class Trainer(ABC):
         indices = PromptSampler.shard(self.sampler.next_step(), self.dist.rank, self.dist.world_size)
         return [self.records[i] for i in indices]
 
+    def data_state(self) -> dict:
+        """The data position a checkpoint saves: the next prompts a resumed run draws."""
+        return self.sampler.state_dict()
+
     def gradient_metrics(self, grad_norm: float) -> dict[str, float]:
         """The step's gradient norm with its running spike score (the run's GSS comes with the final step's
         metrics, see :class:`~vlm_grpoma.algorithm.GradientSpikeTracker`)."""
@@ -255,7 +259,7 @@ class Trainer(ABC):
             self.config.logging.output_dir,
             TrainerState(
                 step=self.step,
-                data=self.sampler.state_dict(),
+                data=self.data_state(),
                 metrics={
                     "gss": self.gss.state_dict(),
                     "skipped_steps": self.skipped_steps,

@@ -26,6 +26,7 @@ from vlm_grpoma.rollout.backends import build_rollout_engine
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.sampling import SamplingParams
 from vlm_grpoma.trainer.adaptive_answers import allocation_metrics, two_phase_rollout
+from vlm_grpoma.trainer.async_rollout import SYNCHRONOUS, RolloutPrefetch
 from vlm_grpoma.trainer.base import Trainer
 from vlm_grpoma.trainer.dynamic_sampling import ScoredBatch, refill
 from vlm_grpoma.trainer.evaluation import evaluate_sets, load_eval_sets
@@ -59,6 +60,9 @@ class GRPOMATrainer(Trainer):
         super().__init__(config, model=model, held_out=load_eval_sets(config))
         self.rewards = rewards
         self.rollout = build_rollout_engine(config, self.engine, self.adapter, dist=self.dist)
+        overlap = config.train.async_rollout
+        #: the next step's rollout in flight while this one trains (train.async_rollout), or None
+        self.prefetch = RolloutPrefetch(overlap.max_staleness) if overlap.enabled else None
 
     def evaluation(self, final: bool = False) -> dict[str, float]:
         """Held-out metrics when ``train.eval_every`` says so (before step 1, every N steps, after the last)."""
@@ -86,10 +90,12 @@ class GRPOMATrainer(Trainer):
 
     # -- one step ---------------------------------------------------------------------------------------------
 
-    def _sampling_params(self, refill_round: int = 0) -> SamplingParams:
+    def _sampling_params(self, refill_round: int = 0, step: int | None = None) -> SamplingParams:
+        """The rollout's parameters for step ``step`` (0-based; default: the one in progress)."""
+        step = self.step if step is None else step
         return SamplingParams.from_config(
             self.config.rollout,
-            sampling_seed(self.config.seed, self.step, self.dist.rank, refill_round),
+            sampling_seed(self.config.seed, step, self.dist.rank, refill_round),
             tempered_logprobs=self.config.algorithm.logprob_temperature == "sampling",
         )
 
@@ -115,18 +121,51 @@ class GRPOMATrainer(Trainer):
             scored = score_tree(tree, records, self.adapter, self.rewards)
         return ScoredBatch(records, tree, scored)
 
-    def _step_batch(self, timer: PhaseTimer) -> tuple[ScoredBatch, dict[str, float]]:
-        """This rank's share of the step, rolled out and scored; with dynamic sampling, refilled."""
-        batch, dynamic = self._scored(self.next_records(), timer), self.config.algorithm.dynamic_sampling
+    def _first_batch(self, timer: PhaseTimer) -> tuple[ScoredBatch, dict[str, float], float]:
+        """The step's first rollout, scored: the prefetched one when one is in flight and fresh enough, else
+        sampled now; with its ``async/*`` metrics and the seconds the server sampled while the trainer was busy
+        (``time/rollout_s`` counts only the trainer's wait)."""
+        if self.prefetch is None:
+            return self._scored(self.next_records(), timer), {}, 0.0
+        with timer("rollout"):  # the wait for the rollout in flight
+            taken = self.prefetch.take(self.rollout.version)
+        if taken is None or taken.tree is None:  # none in flight (first step), or too stale
+            batch = self._scored(self.next_records() if taken is None else taken.records, timer)
+            return batch, SYNCHRONOUS if taken is None else taken.metrics(), 0.0
+        with timer("reward"):
+            scored = score_tree(taken.tree, taken.records, self.adapter, self.rewards)
+        overlapped_s = max(taken.sample_s - taken.wait_s, 0.0)
+        return ScoredBatch(taken.records, taken.tree, scored), taken.metrics(), overlapped_s
+
+    def _prefetch_next(self) -> None:
+        """Start the next step's rollout on the server (train.async_rollout), unless this step is the last."""
+        if self.prefetch is None or self.step + 1 >= self.config.train.steps:
+            return
+        data_state = self.sampler.state_dict()
+        records = self.next_records()
+        request = self.rollout.request_sample(
+            self.adapter.build_inputs(records), self._sampling_params(step=self.step + 1)
+        )
+        self.prefetch.submit(records, data_state, request)
+
+    def data_state(self) -> dict:
+        pending = None if self.prefetch is None else self.prefetch.data_state()
+        return super().data_state() if pending is None else pending
+
+    def _step_batch(self, timer: PhaseTimer) -> tuple[ScoredBatch, dict[str, float], float]:
+        """This rank's share of the step, rolled out and scored (with dynamic sampling, refilled); its extra
+        metrics and the server's sampling seconds the trainer did not wait for."""
+        batch, metrics, overlapped_s = self._first_batch(timer)
+        dynamic = self.config.algorithm.dynamic_sampling
         if not dynamic.enabled:
-            return batch, {}
+            return batch, metrics, overlapped_s
         refilled = refill(
             batch,
             lambda refill_round: self._scored(self.next_records(), timer, refill_round),
             dynamic.max_rounds,
             self.config.train.dist_timeout_s,
         )
-        return refilled.batch, refilled.metrics()
+        return refilled.batch, metrics | refilled.metrics(), overlapped_s
 
     def _scoring(self, *, entropy: bool) -> ScoringOptions:
         """How the training passes score tokens: at the temperature the rollout recorded its log-probs under."""
@@ -230,17 +269,18 @@ class GRPOMATrainer(Trainer):
     def train_step(self) -> dict[str, float]:
         """One step on this rank's share of the prompts: rollout, rewards, update; the metrics of all ranks."""
         timer = PhaseTimer()
-        batch, refill_metrics = self._step_batch(timer)
+        batch, batch_metrics, overlapped_s = self._step_batch(timer)
+        self._prefetch_next()  # after any refill: the data order stays the synchronous run's
         tree, scored, result = batch.tree, batch.scored, batch.scored.result
         samples = completion_samples(tree, batch.records, result, scored.parsed, self.config.logging.samples)
         self.logger.log_samples(self.step + 1, samples)
         with timer("update"):
             update, grad_norm = self._update(tree, self._targets(tree, scored.rewards))
         local = (
-            rollout_metrics(tree, timer.seconds["rollout"])
+            rollout_metrics(tree, timer.seconds["rollout"] + overlapped_s)
             | reward_metrics(scored.rewards, scored.parsed, result, tree.answer_present)
             | update
-            | refill_metrics
+            | batch_metrics
             | timer.metrics()
         )
         if self.config.rollout.adaptive_answers.enabled:

@@ -16,7 +16,7 @@ import json
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,16 @@ if TYPE_CHECKING:
 
 #: Direct connections only: a machine-wide http_proxy must not route trainer-server traffic.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass(frozen=True)
+class ServedRollout:
+    """A server's reply to one rollout request: the tree, the weight version it was sampled with, the engine's
+    counters."""
+
+    tree: RolloutTree
+    version: int
+    stats: dict[str, float]
 
 
 def shared_session(world_size: int) -> str:
@@ -202,19 +212,29 @@ class ServerRolloutEngine:
         """The weights a request must be sampled with, and how long the server may wait for their push."""
         return {"session": self.session, "version": self.version, "wait_s": self.timeout_s / 2}
 
-    def _tree(self, reply: dict[str, Any], prompts: Sequence[PromptInputs], path: str) -> RolloutTree:
+    def _served(self, reply: dict[str, Any], prompts: Sequence[PromptInputs], path: str) -> ServedRollout:
         try:
             tree = decode_tree(reply.get("tree"), prompts, f"reply to POST {path}")
         except WireError as err:
             raise RolloutServerError(f"rollout server {self.url}: {err}") from None
-        self.sampled_version = int(reply.get("version", -1))
-        self.stats = {str(k): float(v) for k, v in dict(reply.get("stats") or {}).items()}
-        return tree
+        stats = {str(k): float(v) for k, v in dict(reply.get("stats") or {}).items()}
+        return ServedRollout(tree, int(reply.get("version", -1)), stats)
+
+    def _received(self, served: ServedRollout) -> RolloutTree:
+        self.sampled_version, self.stats = served.version, served.stats
+        return served.tree
+
+    def request_sample(
+        self, prompts: Sequence[PromptInputs], params: SamplingParams
+    ) -> Callable[[], ServedRollout]:
+        """Bring the server up to date and freeze a ``/sample`` request at this rank's version; the call returned
+        only talks HTTP and changes nothing here, so another thread may make it (``train.async_rollout``)."""
+        self._ensure_pushed()
+        body = dumps({"prompts": encode_prompts(prompts), "params": encode_params(params), **self._needs()})
+        return lambda: self._served(self._call("/sample", body), prompts, "/sample")
 
     def sample(self, prompts: Sequence[PromptInputs], params: SamplingParams) -> RolloutTree:
-        self._ensure_pushed()
-        payload = {"prompts": encode_prompts(prompts), "params": encode_params(params), **self._needs()}
-        return self._tree(self._call("/sample", payload), prompts, "/sample")
+        return self._received(self.request_sample(prompts, params)())
 
     def sample_answers(self, tree: RolloutTree, counts: torch.Tensor, params: SamplingParams) -> RolloutTree:
         self._ensure_pushed()
@@ -225,4 +245,6 @@ class ServerRolloutEngine:
             "params": encode_params(params),
             **self._needs(),
         }
-        return self._tree(self._call("/sample_answers", payload), tree.prompts, "/sample_answers")
+        return self._received(
+            self._served(self._call("/sample_answers", payload), tree.prompts, "/sample_answers")
+        )
