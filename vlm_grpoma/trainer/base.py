@@ -43,6 +43,7 @@ from vlm_grpoma.trainer.collectives import collective, raise_on_every_rank
 from vlm_grpoma.trainer.engine import TrainingEngine, build_engine
 from vlm_grpoma.trainer.evaluation import EvalSet
 from vlm_grpoma.trainer.logging import MetricsLogger, reduce_metrics
+from vlm_grpoma.trainer.parse_watch import ParseRateWatch
 from vlm_grpoma.trainer.run_dir import OutputLock, refuse_foreign_run, write_config
 from vlm_grpoma.trainer.sampler import PromptSampler
 from vlm_grpoma.trainer.stop_signals import STOPPED_EXIT_CODE, StopRequest
@@ -109,6 +110,7 @@ class Trainer(ABC):
                 len(self.records), config.train.prompts_per_step, config.seed, config.data.shuffle
             )
             self.gss = GradientSpikeTracker()
+            self.parse_watch = ParseRateWatch()  # a resumed run's start is where it resumed
             self.step = self.skipped_steps = 0
             self.trained_seconds = 0.0  # time spent in training steps so far (train.time_budget_s counts it)
             #: the step whose checkpoint the output folder holds (no need to save it again)
@@ -311,6 +313,12 @@ class Trainer(ABC):
                 )
         return metrics, final
 
+    def _watch_parse_rates(self, step: int, metrics: dict[str, float]) -> None:
+        """Warn (main rank, once per rate) when answers stop parsing: :mod:`~vlm_grpoma.trainer.parse_watch`."""
+        if self.dist.is_main:
+            for line in self.parse_watch.observe(step, metrics):
+                log.warning(line)
+
     def _stop_requested(self, stop: StopRequest) -> bool:
         """A stop signal reached this rank or another one (decided alike on every rank)."""
         asked = stop.signal_name is not None
@@ -326,10 +334,12 @@ class Trainer(ABC):
             with StopRequest() as stop:
                 if self.step == 0 and (before := self.evaluation()):
                     self.logger.log(0, before)  # step 0: the starting model's held-out metrics only
+                    self._watch_parse_rates(0, before)
                 final = self.step >= self.config.train.steps
                 while not final:
                     metrics, final = self._step_once()
                     self.logger.log(self.step, metrics)
+                    self._watch_parse_rates(self.step, metrics)
                     history.append(metrics)
                     if not final and self._stop_requested(stop):
                         self.stopped_by = stop.signal_name or "a signal to another rank"
