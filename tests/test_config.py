@@ -155,7 +155,7 @@ BAD = [
     (
         "rollout: {backend: vllm_server, server: {urls: ['http://h:1']}}\n"
         "algorithm: {rollout_correction: {mode: none}}\ntrain: {async_rollout: {enabled: true}}",
-        r"^train\.async_rollout\.enabled: needs algorithm\.rollout_correction\.mode tis, mis or auto",
+        r"^train\.async_rollout\.enabled: needs algorithm\.rollout_correction\.mode tis, mis, mis_two_sided or auto",
     ),
     (
         "train: {async_rollout: {max_staleness: 0}}",

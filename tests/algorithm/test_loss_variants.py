@@ -146,10 +146,14 @@ def test_truncated_and_masked_importance_weights_follow_their_formulas():
     assert tis.ratio_max == pytest.approx(4.0)
     assert tis.ratio_sum == pytest.approx(1 + 4 + 3 + 7 / 12 + 3 + 1 + 0.25)
 
+    # TRL's *_mask modes: is_ratio.masked_fill(is_ratio > cap, 0.0); the two-sided one also masks < 1/cap
     mis = rollout_correction(old, rollout, mask, "mis", "token", cap)
-    keep = (ratio >= 1 / cap) & (ratio <= cap) & mask
-    torch.testing.assert_close(mis.factors, keep.double())
-    assert mis.masked == 4  # 4, 3 | 3, 0.25 leave [0.5, 2]
+    torch.testing.assert_close(mis.factors, ratio.masked_fill(ratio > cap, 0.0).where(mask, 0.0))
+    assert mis.masked == 3  # 4, 3 | 3 exceed 2
+    two_sided = rollout_correction(old, rollout, mask, "mis_two_sided", "token", cap)
+    outside = (ratio < 1 / cap) | (ratio > cap)
+    torch.testing.assert_close(two_sided.factors, ratio.masked_fill(outside, 0.0).where(mask, 0.0))
+    assert two_sided.masked == 4  # and 0.25 < 0.5
 
     # sequence level: one ratio per row, the product over its trained tokens (TRL's sequence_* modes)
     seq = rollout_correction(old, rollout, mask, "tis", "sequence", cap)
@@ -159,14 +163,39 @@ def test_truncated_and_masked_importance_weights_follow_their_formulas():
     )
     torch.testing.assert_close(seq.factors, expected)
     seq_mis = rollout_correction(old, rollout, mask, "mis", "sequence", cap)
-    torch.testing.assert_close(
-        seq_mis.factors, torch.tensor([[0.0] * 4, [1.0] * 3 + [0.0]], dtype=torch.float64)
+    torch.testing.assert_close(  # 7 > 2 dropped; 0.75 kept as the weight it is
+        seq_mis.factors, torch.tensor([[0.0] * 4, [0.75] * 3 + [0.0]], dtype=torch.float64)
     )
 
     none = rollout_correction(old, rollout, mask, "none", "token", cap)
     torch.testing.assert_close(none.factors, mask.double())
     with pytest.raises(ValueError, match="unknown rollout correction 'is'"):
         rollout_correction(old, rollout, mask, "is", "token", cap)
+
+
+@pytest.mark.parametrize(
+    ("mode", "level", "expected"),
+    [
+        ("mis", "token", [1.5, 0.8, 0.0]),  # the example: TRL keeps the weight, drops only 3.0 > cap
+        ("mis_two_sided", "token", [1.5, 0.8, 0.0]),
+        ("mis", "sequence", [1.2, 1.2, 0.0]),  # one ratio over (1.5, 0.8): 1.2
+    ],
+)
+def test_masked_importance_sampling_keeps_the_weight_of_what_it_keeps(mode, level, expected):
+    old = torch.log(torch.tensor([[1.5, 0.8, 3.0]], dtype=torch.float64))
+    rollout = torch.zeros_like(old)
+    mask = torch.tensor([[True, True, level == "token"]])
+    factors = rollout_correction(old, rollout, mask, mode, level, cap=2.0).factors
+    torch.testing.assert_close(factors, torch.tensor([expected], dtype=torch.float64))
+
+
+def test_two_sided_masking_also_drops_ratios_below_one_over_the_cap():
+    old = torch.log(torch.tensor([[0.4, 0.6, 2.5]], dtype=torch.float64))
+    rollout, mask = torch.zeros_like(old), torch.ones_like(old, dtype=torch.bool)
+    one_sided = rollout_correction(old, rollout, mask, "mis", "token", cap=2.0).factors
+    two_sided = rollout_correction(old, rollout, mask, "mis_two_sided", "token", cap=2.0).factors
+    torch.testing.assert_close(one_sided, torch.tensor([[0.4, 0.6, 0.0]], dtype=torch.float64))
+    torch.testing.assert_close(two_sided, torch.tensor([[0.0, 0.6, 0.0]], dtype=torch.float64))
 
 
 def test_token_entropy_is_the_softmax_entropy():

@@ -6,9 +6,13 @@ from the trainer by kernel and precision effects, so its samples are slightly of
 reweights each token's surrogate term (not its KL):
 
 - ``tis`` (truncated importance sampling, TRL's ``token_truncate``/``sequence_truncate``): ``min(ρ, cap)``;
-- ``mis`` (masked importance sampling, TRL's ``token_mask``/``sequence_mask`` made two-sided): 1 where
-  ``ρ ∈ [1/cap, cap]``, else 0 (the token, or with ``level="sequence"`` the whole segment, is dropped);
+- ``mis`` (masked importance sampling, TRL's ``token_mask``/``sequence_mask``): ``ρ · 1[ρ ≤ cap]``, the
+  weight kept and a token (or with ``level="sequence"`` the whole segment) whose ratio exceeds the cap dropped;
+- ``mis_two_sided``: ``ρ · 1[1/cap ≤ ρ ≤ cap]`` (verl's MIS presets; TRL's mask modes with a lower clip), also
+  dropping tokens the rollout backend found far likelier than the trainer does;
 - ``none``: 1.
+
+A dropped token stays in the loss normaliser (its factor is 0), as in TRL.
 
 ``level="token"`` uses each token's ratio; ``"sequence"`` one ratio per segment, ``exp(Σ_t log ρ_t)`` over its
 trained tokens (thought and answer segments separately), as TRL's sequence modes do.
@@ -40,7 +44,12 @@ def _truncated(ratio: torch.Tensor, cap: float) -> torch.Tensor:
 
 @ROLLOUT_CORRECTIONS.register("mis")
 def _masked(ratio: torch.Tensor, cap: float) -> torch.Tensor:
-    return ((ratio >= 1.0 / cap) & (ratio <= cap)).to(ratio.dtype)
+    return ratio.where(ratio <= cap, 0.0)
+
+
+@ROLLOUT_CORRECTIONS.register("mis_two_sided")
+def _masked_two_sided(ratio: torch.Tensor, cap: float) -> torch.Tensor:
+    return ratio.where((ratio >= 1.0 / cap) & (ratio <= cap), 0.0)
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,7 @@ class Correction:
     ratio_sum: float
     ratio_max: float
     clipped: int  # trained tokens whose ratio exceeded the cap (their factor is the cap under tis)
-    masked: int  # trained tokens whose factor is 0 (mis)
+    masked: int  # trained tokens whose factor is 0 (mis, mis_two_sided)
     tokens: int
 
 

@@ -141,7 +141,7 @@ def _check_async_rollout(config: Config) -> None:
     _require(
         config.algorithm.rollout_correction.resolved_mode(r.backend) != "none",
         key,
-        "needs algorithm.rollout_correction.mode tis, mis or auto: it is what corrects the stale rollout",
+        "needs algorithm.rollout_correction.mode tis, mis, mis_two_sided or auto: it is what corrects the stale rollout",
     )
 
 

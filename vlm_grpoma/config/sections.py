@@ -207,9 +207,10 @@ class RolloutCorrectionConfig:
     """Importance weights for the rollout/trainer log-prob mismatch (``vlm_grpoma/algorithm/rollout_correction.py``)."""
 
     #: "tis": min(π_old/π_rollout, cap) per token (TRL vllm_importance_sampling_correction, token_truncate);
-    #: "mis": drop tokens (or segments) whose ratio leaves [1/cap, cap] (TRL *_mask modes); "none";
+    #: "mis": ratio, with tokens (or segments) whose ratio exceeds cap dropped (TRL *_mask modes);
+    #: "mis_two_sided": also those below 1/cap (verl's MIS); "none";
     #: "auto": tis with the vllm backend, none with hf (its log-probs are the trainer's to float precision)
-    mode: Literal["auto", "none", "tis", "mis"] = "auto"
+    mode: Literal["auto", "none", "tis", "mis", "mis_two_sided"] = "auto"
     #: "token": each token's ratio; "sequence": one ratio per thought or answer segment, exp(Σ log ratio)
     level: Literal["token", "sequence"] = "token"
     #: the truncation / masking bound on the ratio, > 1 (TRL vllm_importance_sampling_cap)
