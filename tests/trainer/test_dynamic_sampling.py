@@ -9,6 +9,7 @@ import pytest
 import torch
 from length_reward import AnswerLength
 
+from vlm_grpoma.algorithm.advantages import grpo_ma_advantages
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes
 from vlm_grpoma.rewards.base import RewardResult
 from vlm_grpoma.rewards.registry import register_reward
@@ -44,6 +45,24 @@ def test_informative_prompts_need_two_distinct_finite_rewards():
         ]
     )
     assert informative_prompts(rewards) == [1, 4]
+
+
+def test_a_prompt_is_informative_exactly_when_its_advantages_are_not_all_zero():
+    """The same rule as the advantages: a reward beyond 1e150 carries no signal in either place."""
+    nan, inf = math.nan, math.inf
+    rewards = torch.tensor(
+        [
+            [[1e200, 0.0], [0.0, 0.0]],  # the huge reward is left out: the rest are equal
+            [[-1e151, 0.5], [0.5, nan]],
+            [[inf, 0.0], [1.0, 0.0]],
+            [[1e150, 0.0], [0.0, 0.0]],  # 1e150 itself still counts
+            [[0.2, 0.2], [0.2, 0.2]],
+        ],
+        dtype=torch.float64,
+    )
+    thought, answer = grpo_ma_advantages(rewards)
+    with_signal = ((thought != 0).any(-1) | (answer != 0).flatten(1).any(-1)).nonzero().flatten().tolist()
+    assert informative_prompts(rewards) == with_signal == [2, 3]
 
 
 @pytest.fixture(scope="module")

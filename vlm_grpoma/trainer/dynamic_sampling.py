@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling in GRPO-MA form: a prompt whose K·M finite rewards are all equal has zero thought and
+"""DAPO's dynamic sampling in GRPO-MA form: a prompt whose K·M usable rewards are all equal has zero thought and
 answer advantages (no signal), so it is dropped and fresh prompts are rolled out until the step is full.
 
 Each rank fills its own share. Every rank runs the same number of refill rounds (the largest any rank needs), so
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vlm_grpoma.algorithm.advantages import usable_rewards
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.rewards.base import RewardResult
 from vlm_grpoma.rollout.tree import RolloutTree
@@ -78,11 +79,12 @@ class ScoredBatch:
 
 
 def informative_prompts(rewards: torch.Tensor) -> list[int]:
-    """Prompts of ``rewards [B, K, M]`` with at least two distinct finite rewards (a nonzero advantage)."""
-    finite = torch.isfinite(rewards).flatten(1)
+    """Prompts of ``rewards [B, K, M]`` with at least two distinct usable rewards (a nonzero advantage): the
+    advantages' own rule, :func:`~vlm_grpoma.algorithm.advantages.usable_rewards` (finite, at most 1e150)."""
+    usable = usable_rewards(rewards).flatten(1)
     values = rewards.flatten(1)
-    highest = values.where(finite, -torch.inf).amax(-1)
-    lowest = values.where(finite, torch.inf).amin(-1)
+    highest = values.where(usable, -torch.inf).amax(-1)
+    lowest = values.where(usable, torch.inf).amin(-1)
     return (highest > lowest).nonzero().flatten().tolist()
 
 
