@@ -189,6 +189,11 @@ def test_bad_yaml_gives_its_specific_message(tmp_path, text, message):
         ("seed.value=3", r"^seed: must be an integer, got \{'value': 3\}$"),
         ("train=3", r"^train: expected a mapping of settings, got int 3$"),
         ("rollout.temperature=[1", r"^rollout\.temperature: cannot parse override value"),
+        (  # YAML reads {iou:1.0} as the one key 'iou:1.0' with no value
+            "rewards.weights={iou:1.0}",
+            r"^rewards\.weights: key 'iou:1\.0' has no value; a YAML flow map needs a space after each colon: "
+            r"\{iou: 1\.0\}$",
+        ),
     ],
 )
 def test_bad_overrides(override, message):

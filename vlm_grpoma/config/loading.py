@@ -90,6 +90,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(
                 f"{key}: must be a mapping of {_type_name(key_tp)} to {_type_name(item_tp)}, got {shown}"
             )
+        for k, v in value.items():
+            if v is None and isinstance(k, str) and ":" in k:  # YAML read {iou:1.0} as the one key "iou:1.0"
+                name, _, rest = k.partition(":")
+                raise ConfigError(
+                    f"{key}: key {k!r} has no value; a YAML flow map needs a space after each colon: "
+                    f"{{{name}: {rest}}}"
+                )
         return {_coerce(k, key_tp, key): _coerce(v, item_tp, f"{key}.{k}") for k, v in value.items()}
     if tp is bool:
         if not isinstance(value, bool):
