@@ -118,7 +118,9 @@ def test_refusals_are_one_line(tiny_model_dir, tmp_path, capsys):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("keep me")
     assert cli_main(["export", str(base), "--out", str(tmp_path / "taken")]) == 1
-    assert "exists and is not an empty folder" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"vlm-grpoma export: error: --out {tmp_path / 'taken'}: exists and is not an empty folder; name a new one\n"
+    )
     assert (tmp_path / "taken" / "x").read_text() == "keep me"
     assert not list(tmp_path.glob(".tmp-export-*"))
 

@@ -136,6 +136,8 @@ def main(args: argparse.Namespace) -> int:
     """``vlm-grpoma export CHECKPOINT --out DIR [--merge-lora] [--base MODEL]``."""
     try:
         done = export_checkpoint(args.checkpoint, args.out, merge_lora=args.merge_lora, base=args.base)
+    except StorageError:  # already one line naming --out (it is an OSError too)
+        raise
     except OSError as err:  # reading the checkpoint or writing the folder
         raise CheckpointError(f"export {args.checkpoint}: {type(err).__name__}: {err}") from None
     print(f"exported {done.source} ({done.kind}) to {done.out}")
