@@ -19,7 +19,8 @@
         .old-step-…               the previous copy of a step during its re-save
         damaged-step-…            failed verification: never resumed from, never pruned
         abandoned-step-…          later than the checkpoint a run went back to: never resumed from, never pruned
-      eval-<split>/               ``eval`` results of one split
+      eval-<split>-step-N/        ``eval`` results of one split for the checkpoint of step N
+      eval-summary-step-N.json    ``eval``'s summary across those splits
 """
 
 from __future__ import annotations
