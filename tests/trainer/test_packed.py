@@ -7,11 +7,13 @@ from PIL import Image
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import ModelConfig
 from vlm_grpoma.datasets.schema import Record, ShortAnswer
-from vlm_grpoma.models.attention import BLOCK_MASK_ATTENTION
+from vlm_grpoma.errors import ConfigError
+from vlm_grpoma.models.attention import BLOCK_MASK_ATTENTION, FLEX_ATTENTION
 from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.rollout.hf import HFRolloutEngine
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.sampling import SamplingParams
+from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer, refuse_flex_training_on_cpu
 from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
 from vlm_grpoma.trainer.packed import allowed, block_mask, pack, shared_prefix_log_probs
 
@@ -275,6 +277,19 @@ def test_flex_attention_refuses_a_cpu_backward(tiny_model_dir, tmp_path):
     tree = _ragged_tree(_prompts(adapter, tmp_path), adapter.tokens)
     with pytest.raises(ValueError, match="flex_attention has no backward on CPU"):
         shared_prefix_log_probs(flex, tree, [0], adapter.tokens)
+
+
+def test_training_with_flex_attention_on_cpu_is_refused_before_the_model_loads(make_config, tmp_path):
+    config = make_config(
+        f"model.attn_implementation={FLEX_ATTENTION}", f"logging.output_dir={tmp_path / 'run'}"
+    )
+    with pytest.raises(
+        ConfigError, match=r"^model\.attn_implementation: flex_attention cannot train on CPU \(torch "
+    ):
+        GRPOMATrainer(config)
+    assert not (tmp_path / "run").exists()  # nothing claimed, nothing loaded
+    naive = make_config(f"model.attn_implementation={FLEX_ATTENTION}", "train.logprob_pass=naive")
+    refuse_flex_training_on_cpu(naive)  # the naive pass trains through SDPA masks: allowed
 
 
 def test_flex_generation_uses_sdpa_masks(tiny_model_dir, tmp_path):

@@ -21,6 +21,7 @@ from vlm_grpoma.algorithm.diagnostics import logprob_mismatch
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import ConfigError
+from vlm_grpoma.models.attention import FLEX_ATTENTION
 from vlm_grpoma.rewards.registry import build_rewards, check_rewards_fit_task
 from vlm_grpoma.rollout.backends import build_rollout_engine
 from vlm_grpoma.rollout.tree import RolloutTree
@@ -46,12 +47,24 @@ def sampling_seed(seed: int, step: int, rank: int, refill_round: int = 0) -> int
     return (seed * 1_000_003 + step * 7_919 + rank * 104_729 + refill_round * 15_485_863) % (2**63 - 1)
 
 
+def refuse_flex_training_on_cpu(config: Config) -> None:
+    """The shared-prefix pass trains through FlexAttention's backward, which torch has only on CUDA: refused at
+    start-up in one line, not as a traceback from inside the first step (forward-only uses stay allowed)."""
+    uses_flex = config.model.attn_implementation == FLEX_ATTENTION and config.train.logprob_pass == "shared"
+    if uses_flex and not torch.cuda.is_available():
+        raise ConfigError(
+            f"model.attn_implementation: {FLEX_ATTENTION} cannot train on CPU (torch {torch.__version__} has no "
+            "FlexAttention backward there); train with sdpa (eval and rollouts may keep flex_attention)"
+        )
+
+
 class GRPOMATrainer(Trainer):
     """GRPO-MA: K thoughts x M answers per prompt, rewards, advantages, the clipped objective."""
 
     command = "train"
 
     def __init__(self, config: Config, *, model: torch.nn.Module | None = None) -> None:
+        refuse_flex_training_on_cpu(config)
         try:  # before any model is loaded: a misspelt reward fails in a second
             check_rewards_fit_task(config.rewards.weights, config.data.task)
             rewards = build_rewards(config.rewards.weights, config.rewards.options)
