@@ -231,11 +231,32 @@ def test_a_coordinate_reward_on_answer_records_is_one_line_before_any_work(
         tmp_path / "run",
         rewards={"weights": {"iou": 1.0, "format": 0.5}, "options": {}},
     )
+    capsys.readouterr()  # what building the tiny model printed
     assert cli_main(["train", "--config", str(config)]) == 1
     err = capsys.readouterr().err.strip()
     assert (
         err.count("\n") == 0
         and "rewards.weights.iou: scores image coordinates" in err
         and "answer_match" in err
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_answer_records_left_at_the_default_task_are_told_to_set_it(
+    answer_records, tiny_model_dir, tmp_path, capsys
+):
+    """answer_match with data.task at its default (detection) on answer records: the fix, not "leave it out"."""
+    config = _write_config(
+        tmp_path / "c.yaml",
+        tiny_model_dir("qwen2_vl"),
+        answer_records["text"],
+        tmp_path / "run",
+        data={"task": "detection"},
+    )
+    capsys.readouterr()  # what building the tiny model printed
+    assert cli_main(["train", "--config", str(config)]) == 1
+    assert capsys.readouterr().err == (
+        "vlm-grpoma train: error: data.task: is detection, but the training records are `answer` records (short "
+        "text answers, what rewards.weights.answer_match scores); set data.task=answer\n"
     )
     assert not (tmp_path / "run").exists()

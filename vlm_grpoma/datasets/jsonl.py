@@ -338,6 +338,20 @@ def _where(path: Path | str, line_no: int, obj: Any) -> str:
     return f"{path}:{line_no}" + (f" (id {_printable(rid)})" if isinstance(rid, str) and rid else "")
 
 
+def first_record_task(path: str | Path) -> str | None:
+    """The ``task`` of the first record in ``path``, cheaply (one line read), for a hint before the records are
+    loaded; None when it cannot be read (loading the records then says why, naming the line)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                if line.strip():
+                    task = loads_bounded(line).get("task")
+                    return task if isinstance(task, str) else None
+    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+        return None
+    return None
+
+
 def load_records(path: str | Path) -> LoadReport:
     """Read every line of ``path``; valid records and the error of each bad line, in file order."""
     path = Path(path)

@@ -106,14 +106,21 @@ def build_rewards(weights: dict[str, float], options: dict[str, dict] | None = N
     return WeightedRewards(built)
 
 
-def check_rewards_fit_task(weights: dict[str, float], task: str) -> None:
+def check_rewards_fit_task(weights: dict[str, float], task: str, records_task: str | None = None) -> None:
     """``ValueError`` naming the key when a built-in reward could only score 0 on ``task``'s answers: a
-    coordinate reward on short answers, or ``answer_match`` on coordinates."""
+    coordinate reward on short answers, or ``answer_match`` on coordinates. ``records_task``, the task the
+    training records name (their first one), turns the second case into the fix when they are ``answer``
+    records left at another ``data.task``."""
     coordinates = [name for name in weights if name in COORDINATE_REWARDS]
     if task == "answer" and coordinates:
         raise ValueError(
             f"rewards.weights.{coordinates[0]}: scores image coordinates, but data.task=answer records have "
             "short text answers (each would score 0); use answer_match, e.g. {answer_match: 1.0, format: 0.5}"
+        )
+    if task != "answer" and "answer_match" in weights and records_task == "answer":
+        raise ValueError(
+            f"data.task: is {task}, but the training records are `answer` records (short text answers, what "
+            "rewards.weights.answer_match scores); set data.task=answer"
         )
     if task != "answer" and "answer_match" in weights:
         raise ValueError(

@@ -19,6 +19,7 @@ import torch
 from vlm_grpoma.algorithm import LossStats, grpo_ma_advantages, grpo_ma_token_weights, policy_loss
 from vlm_grpoma.algorithm.diagnostics import logprob_mismatch
 from vlm_grpoma.config import Config
+from vlm_grpoma.datasets.jsonl import first_record_task
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import ConfigError
 from vlm_grpoma.models.attention import FLEX_ATTENTION
@@ -66,7 +67,8 @@ class GRPOMATrainer(Trainer):
     def __init__(self, config: Config, *, model: torch.nn.Module | None = None) -> None:
         refuse_flex_training_on_cpu(config)
         try:  # before any model is loaded: a misspelt reward fails in a second
-            check_rewards_fit_task(config.rewards.weights, config.data.task)
+            records_task = first_record_task(config.data.train_path) if config.data.train_path else None
+            check_rewards_fit_task(config.rewards.weights, config.data.task, records_task)
             rewards = build_rewards(config.rewards.weights, config.rewards.options)
         except ValueError as err:
             raise ConfigError(str(err)) from None
