@@ -98,10 +98,24 @@ def test_a_non_number_or_a_crash_names_the_reward_and_record(reward_file, make_r
     batch = [Completion(ParseError("x"))]
     with pytest.raises(RewardFileError, match=r"my_rewards\.py:broken returned 'high' .* record rec-9"):
         build_rewards({"my_rewards.py:broken": 1.0}).score(batch, [record])
+
+
+def test_a_crashing_function_is_one_line_naming_the_record_and_its_line(
+    reward_file, make_record, monkeypatch
+):
+    record = make_record(Boxes((Box(0, 0, 10, 10),)), rid="rec-9")
+    batch = [Completion(ParseError("x"))]
+    line = REWARD_FILE.splitlines().index("    return 1 / 0") + 1
+    with pytest.raises(RewardFileError) as caught:
+        build_rewards({"my_rewards.py:crashes": 1.0}).score(batch, [record])
+    assert str(caught.value) == (
+        "reward my_rewards.py:crashes raised ZeroDivisionError: division by zero scoring record rec-9 at "
+        f"{reward_file}:{line}: return 1 / 0 (VLM_GRPOMA_DEBUG=1 shows the traceback)"
+    )
+    monkeypatch.setenv("VLM_GRPOMA_DEBUG", "1")  # the user's own exception, traceback and all
     with pytest.raises(ZeroDivisionError) as caught:
         build_rewards({"my_rewards.py:crashes": 1.0}).score(batch, [record])
-    if hasattr(caught.value, "__notes__"):
-        assert "rec-9" in caught.value.__notes__[0]
+    assert caught.value.__notes__ == ["in reward my_rewards.py:crashes scoring record rec-9"]
 
 
 def test_grpo_trainer_refuses_a_bad_reward_file_before_loading_the_model(reward_file, tmp_path):

@@ -19,7 +19,9 @@ any, under ``rewards.options`` with the same name). Two signatures are recognise
 A value is a number (``True``/``False`` count as 1/0) or None: unscorable, handled as a non-finite reward
 (that answer gets no signal). An integer beyond float range is a one-line error. ``rewards.options.<name>.
 timeout_s`` (default 600) bounds each call: a function that does not return in time stops the run with one
-line naming it (it cannot hang a run). The file is imported, and the function and its options checked, when
+line naming it (it cannot hang a run); one that raises stops it with one line naming the reward, the record and
+the line of the file that raised (``VLM_GRPOMA_DEBUG=1``: the exception itself, traceback and all). The file is
+imported, and the function and its options checked, when
 the rewards are built — before any model is loaded. A relative path is taken from the folder the command runs
 in.
 """
@@ -31,9 +33,11 @@ import importlib.util
 import inspect
 import math
 import numbers
+import os
 import queue
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +47,9 @@ from vlm_grpoma.datasets.schema import Record, ground_truth_to_json
 from vlm_grpoma.errors import UserError
 from vlm_grpoma.models.prompts import ThoughtFormat
 from vlm_grpoma.rewards.base import Completion, RewardResult, check_batch
+
+#: set (to anything) to let a crashing reward function raise its own exception, traceback and all
+DEBUG_ENV = "VLM_GRPOMA_DEBUG"
 
 
 class RewardFileError(UserError, ValueError):
@@ -197,10 +204,22 @@ class FunctionReward:
             ) from None
         self._call = _DeadlineCaller(self.name, float(self.timeout_s))
 
-    def _crashed(self, err: BaseException, where: str) -> None:
-        """A bug in the user's function: keep its traceback, say where it struck."""
-        if hasattr(err, "add_note") and not isinstance(err, RewardFileError):
+    def _crashed(self, err: BaseException, where: str) -> BaseException:
+        """A bug in the user's function, as what to raise: one line naming the reward, the record and the line of
+        the user's file that raised; with ``VLM_GRPOMA_DEBUG=1`` the original exception and its traceback."""
+        if isinstance(err, RewardFileError):
+            return err
+        if os.environ.get(DEBUG_ENV):
             err.add_note(f"in reward {self.name} {where}")
+            return err
+        source = getattr(getattr(self.function, "__code__", None), "co_filename", None)
+        frames = traceback.extract_tb(err.__traceback__)
+        own = [f for f in frames if f.filename == source] or frames[-1:]  # its file's line, else the last
+        at = f" at {own[-1].filename}:{own[-1].lineno}: {own[-1].line}" if own else ""
+        return RewardFileError(
+            f"reward {self.name} raised {type(err).__name__}: {err} {where}{at} "
+            f"({DEBUG_ENV}=1 shows the traceback)"
+        )
 
     def _score_trl(self, completions: Sequence[Completion], records: Sequence[Record]) -> list[float]:
         where = f"for the batch of records {records[0].id}…{records[-1].id}" if records else "for no records"
@@ -208,8 +227,7 @@ class FunctionReward:
         try:
             values = self._call(where, self.function, [completion_text(c) for c in completions], **columns)
         except Exception as err:
-            self._crashed(err, f"scoring the batch of records {records[0].id}…")
-            raise
+            raise self._crashed(err, f"scoring the batch of records {records[0].id}…") from err
         if (
             not isinstance(values, Sequence)
             or isinstance(values, (str, bytes))
@@ -231,8 +249,7 @@ class FunctionReward:
             try:
                 value = self._call(where, self.function, completion, record, **self.options)
             except Exception as err:
-                self._crashed(err, f"scoring record {record.id}")
-                raise
+                raise self._crashed(err, f"scoring record {record.id}") from err
             totals.append(_as_reward(self.name, value, where))
         return RewardResult(totals)
 
