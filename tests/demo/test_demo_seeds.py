@@ -26,7 +26,7 @@ def summary(seen: tuple[int, int], unseen: tuple[int, int], seen_low: float, par
         },
         "grpo_ma_minus_sft": {
             "seen": {"difference": (seen[1] - seen[0]) / 64, "newcombe95": [seen_low, 0.5]},
-            "unseen": {"difference": (unseen[1] - unseen[0]) / 64, "newcombe95": [-0.1, 0.3]},
+            "unseen": {"difference": (d := (unseen[1] - unseen[0]) / 64), "newcombe95": [d - 0.1, d + 0.1]},
         },
         "wall_seconds": {"total": 390.0},
     }
@@ -36,7 +36,12 @@ def test_a_seed_that_holds_and_each_way_one_can_fail():
     holds = demo_seeds.SeedResult(0, summary((34, 58), (16, 29), 0.24, (64, 64)), None)
     assert holds.failures() == []
     broken = demo_seeds.SeedResult(1, summary((33, 56), (26, 15), 0.21, (64, 32)), None)
-    assert broken.failures() == ["unseen success fell -0.172", "unseen parse rate 0.50 < 0.95"]
+    assert broken.failures() == [
+        "unseen success fell -0.172 (interval below zero)",
+        "unseen parse rate 0.50 < 0.95",
+    ]
+    within_noise = demo_seeds.SeedResult(4, summary((32, 50), (14, 12), 0.14, (64, 64)), None)
+    assert within_noise.failures() == []  # -0.031, interval [-0.131, +0.069]: no significant fall
     flat = demo_seeds.SeedResult(2, summary((34, 36), (16, 16), -0.05, (61, 64)), None)
     assert flat.failures() == ["seen gain +0.031 is not clearly above zero"]
     assert demo_seeds.SeedResult(3, summary((34, 58), (16, 16), 0.24, (60, 64)), None).failures() == [
@@ -57,7 +62,8 @@ def test_main_reads_finished_seeds_prints_the_table_and_exits_on_a_broken_claim(
     rows = [line for line in out.out.splitlines() if line.startswith("| 0 ") or line.startswith("| 1 ")]
     verdict = "yes" if code == 0 else "**no**: unseen parse rate 0.62 < 0.95"
     assert rows == [
-        f"| {s} | 0.531 → 0.906 | 0.250 → 0.453 | 1.00 / {parsed[1] / 64:.2f} | 6.5 | {verdict} |"
+        f"| {s} | 0.531 → 0.906 (+0.375 [+0.240, +0.500]) | 0.250 → 0.453 (+0.203 [+0.103, +0.303]) "
+        f"| 1.00 / {parsed[1] / 64:.2f} | 6.5 | {verdict} |"
         for s in (0, 1)
     ]
     assert ("fail for seed(s) 0, 1" in out.err) == bool(code)
