@@ -535,7 +535,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(_resolve(command)(args) or 0)
     except UserError as err:
         message = " ".join(str(err).split())  # one line, whatever the library put in it
-        print(f"vlm-grpoma {command.name}: error: {message}", file=sys.stderr)
+        # one write, newline included: under the launcher each rank's stderr may be unbuffered, and print()'s
+        # separate write of the newline let two ranks' lines run together
+        sys.stderr.write(f"vlm-grpoma {command.name}: error: {message}\n")
+        sys.stderr.flush()
         if argv is None and isinstance(err, DistributedError):
             # The process group is broken: tearing it down at exit aborts (gloo) or hangs (NCCL).
             sys.stdout.flush()
