@@ -54,6 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--steps", type=int, help="GRPO steps of every run (default: the plan's), the same for every arm"
     )
     p.add_argument(
+        "--sft-steps",
+        type=int,
+        help="steps of every task's SFT warm start (default: the plan's); every arm still starts from the same one",
+    )
+    p.add_argument(
         "--time-budget",
         type=float,
         help="seconds of step time every arm trains (equal-time plans; default: the plan's), the same for every arm",
@@ -74,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             ComparePlan.named(args.plan, args.quick)
             .select(args.tasks, args.arms, args.seeds)
             .with_steps(args.steps)
+            .with_sft_steps(args.sft_steps)
             .with_time_budget(args.time_budget)
             .with_page(args.page)
         )

@@ -321,6 +321,20 @@ class ComparePlan:
             tasks=tuple(replace(task, steps=steps) for task in self.tasks),
         )
 
+    def with_sft_steps(self, steps: int | None) -> ComparePlan:
+        """This plan with every task's SFT warm start set to ``steps`` (``--sft-steps``: a shorter or longer warm
+        start, shared by every arm as always); ``None`` keeps the plan's."""
+        if steps is None:
+            return self
+        if steps < 1:
+            raise ValueError(f"--sft-steps: {steps} SFT steps; give at least 1")
+        return replace(
+            self,
+            name=self.name if self.name.endswith("-subset") else f"{self.name}-subset",
+            arguments=f"{self.arguments} --sft-steps {steps}",
+            tasks=tuple(replace(task, sft_steps=steps) for task in self.tasks),
+        )
+
     def with_time_budget(self, seconds: float | None) -> ComparePlan:
         """This equal-time plan with every arm trained for ``seconds`` of step time (``--time-budget``: a shorter
         run, the same for every arm); ``None`` keeps the plan's budget. A plan of equal steps has none to set."""

@@ -1,14 +1,17 @@
 """A miniature comparison through the real commands: tiny model, shapes and SAPIEN data, SFT warm starts,
 GRPO and GRPO-MA arms with held-out evaluation, then the report (about a minute on 2 cores); and the
 equal-time plans' ``--quick`` versions from the command line, each arm trained for 4 s (``--time-budget``)
-instead of the quick plan's 15: what is checked is that the budget stops every arm, not what it buys. Arms
-are chosen (``--arms``) to cover the hypotheses, not the plan: the paper-regime run leaves out T4A1 (no hypothesis
-reads it; the miniature plan runs an M = 1 arm), the reasoning run also T8A2 (H3 then says which arm is missing)."""
+instead of the quick plan's 15, from a 4-step warm start (``--sft-steps``): what is checked is that the budget
+stops every arm, not what it buys. Arms
+are chosen (``--arms``) to cover the hypotheses, not the plan: the verdicts need T16A1 and T4A4; the paper-regime
+run adds T8A2 (H3) and leaves out T4A1 (no hypothesis reads it; the miniature plan runs an M = 1 arm); the reasoning
+run leaves out T8A2 too (H3 then says which arm is missing)."""
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from comparison.graph import Layout, build_jobs
@@ -20,6 +23,32 @@ from comparison.report import write_results
 pytestmark = pytest.mark.slow  # whole plans through the real commands (~1 min each)
 #: 4 s of step time per arm: the quick plans' own 15 s would make these the suite's longest tests
 BUDGET = ("--time-budget", "4")
+#: a 4-step warm start instead of the quick plans' 20: the arms' mechanics are checked, not what they learn
+WARM_START = ("--sft-steps", "4")
+
+
+def run_quick_plan(name: str, arms: list[str], tmp_path, monkeypatch) -> tuple[ComparePlan, Layout, Path]:
+    """``compare.py --plan NAME --quick --time-budget 4 --arms ...`` from the command line: the plan it ran, its
+    layout and the report folder."""
+    monkeypatch.chdir(tmp_path)
+    out, docs = tmp_path / "runs", tmp_path / "docs"
+    argv = [
+        "--plan",
+        name,
+        "--quick",
+        *BUDGET,
+        *WARM_START,
+        "--arms",
+        *arms,
+        "--out",
+        str(out),
+        "--docs",
+        str(docs),
+    ]
+    assert main(argv) == 0
+    plan = ComparePlan.named(name, quick=True).select(arms=arms).with_sft_steps(4).with_time_budget(4)
+    assert [arm.name for arm in plan.arms] == arms
+    return plan, Layout(out), docs
 
 
 def test_miniature_comparison_runs_every_command_and_reports(tmp_path, monkeypatch):
@@ -81,24 +110,7 @@ def test_miniature_comparison_runs_every_command_and_reports(tmp_path, monkeypat
 
 
 def test_paper_regime_quick_runs_from_the_command_line_and_answers_every_hypothesis(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    out, docs = tmp_path / "runs", tmp_path / "docs"
-    arms = ["T16A1", "T8A2", "T4A4"]
-    argv = [
-        "--plan",
-        "paper-regime",
-        "--quick",
-        *BUDGET,
-        "--arms",
-        *arms,
-        "--out",
-        str(out),
-        "--docs",
-        str(docs),
-    ]
-    assert main(argv) == 0
-    plan = ComparePlan.paper_regime_quick().select(arms=arms).with_time_budget(4)
-    layout = Layout(out)
+    plan, layout, docs = run_quick_plan("paper-regime", ["T16A1", "T8A2", "T4A4"], tmp_path, monkeypatch)
     task = plan.tasks[0]
     for arm in plan.arms:
         config = json.loads((layout.arm(task, arm, 0) / "metrics.jsonl").read_text().splitlines()[-1])
@@ -112,7 +124,7 @@ def test_paper_regime_quick_runs_from_the_command_line_and_answers_every_hypothe
     }
     text = (docs / "results-paper-regime-quick-subset.md").read_text()
     assert (
-        "`python benchmarks/compare.py --plan paper-regime --quick --arms T16A1 T8A2 T4A4 --time-budget 4`"
+        "`python benchmarks/compare.py --plan paper-regime --quick --arms T16A1 T8A2 T4A4 --sft-steps 4 --time-budget 4`"
         in text
     )
     verdicts = re.findall(r"^\| (H\d) \|.*\*\*(supported|not supported|inconclusive)\*\* \|$", text, re.M)
@@ -131,25 +143,7 @@ def test_paper_regime_quick_runs_from_the_command_line_and_answers_every_hypothe
 def test_reasoning_quick_trains_every_arm_on_text_only_arithmetic_and_answers_every_hypothesis(
     tmp_path, monkeypatch
 ):
-    monkeypatch.chdir(tmp_path)
-    out, docs = tmp_path / "runs", tmp_path / "docs"
-    arms = ["T16A1", "T4A4"]
-    argv = [
-        "--plan",
-        "reasoning",
-        "--quick",
-        *BUDGET,
-        "--arms",
-        *arms,
-        "--out",
-        str(out),
-        "--docs",
-        str(docs),
-    ]
-    assert main(argv) == 0
-    plan = ComparePlan.reasoning_quick().select(arms=arms).with_time_budget(4)
-    assert [arm.name for arm in plan.arms] == arms
-    layout = Layout(out)
+    plan, layout, docs = run_quick_plan("reasoning", ["T16A1", "T4A4"], tmp_path, monkeypatch)
     task = plan.tasks[0]
     records = [json.loads(line) for line in layout.records(task, "train").read_text().splitlines()]
     assert records and all(r["task"] == "answer" and r.get("image") is None for r in records)
@@ -164,7 +158,8 @@ def test_reasoning_quick_trains_every_arm_on_text_only_arithmetic_and_answers_ev
     text = (docs / "results-reasoning-quick-subset.md").read_text()
     assert text.startswith("# Results on a reasoning task: GRPO-MA vs GRPO at equal time")
     assert (
-        "`python benchmarks/compare.py --plan reasoning --quick --arms T16A1 T4A4 --time-budget 4`" in text
+        "`python benchmarks/compare.py --plan reasoning --quick --arms T16A1 T4A4 --sft-steps 4 --time-budget 4`"
+        in text
         and "text only" in text
     )
     verdicts = re.findall(r"^\| (H\d) \|(.*)\*\*(supported|not supported|inconclusive)\*\* \|$", text, re.M)

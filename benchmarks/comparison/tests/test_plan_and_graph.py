@@ -200,6 +200,16 @@ def test_steps_and_page_options_shorten_every_arm_alike_and_name_the_report():
         report_names(plan, "docs/results.md")
 
 
+def test_sft_steps_option_sets_every_tasks_warm_start_and_names_the_report():
+    quick = ComparePlan.paper_regime_quick()
+    plan = quick.with_sft_steps(4)
+    assert [t.sft_steps for t in plan.tasks] == [4] and [t.sft_steps for t in quick.tasks] == [20]
+    assert plan.name == "paper-regime-quick-subset" and plan.arguments.endswith(" --sft-steps 4")
+    assert quick.with_sft_steps(None) is quick
+    with pytest.raises(ValueError, match=r"^--sft-steps: 0 SFT steps; give at least 1$"):
+        quick.with_sft_steps(0)
+
+
 def test_time_budget_option_sets_every_arms_seconds_and_names_the_report():
     quick = ComparePlan.reasoning_quick()
     plan = quick.with_time_budget(4)
