@@ -307,6 +307,16 @@ class ComparePlan:
             seeds=tuple(seeds) if seeds else self.seeds,
         )
 
+    def _subset_with(self, option: str, tasks: tuple[TaskSetup, ...]) -> ComparePlan:
+        """This plan with ``tasks`` changed by a command-line ``option`` (``"--steps 40"``): a ``-subset`` plan whose
+        arguments name the option, so its report says how it was run."""
+        return replace(
+            self,
+            name=self.name if self.name.endswith("-subset") else f"{self.name}-subset",
+            arguments=f"{self.arguments} {option}",
+            tasks=tasks,
+        )
+
     def with_steps(self, steps: int | None) -> ComparePlan:
         """This plan with every task's GRPO steps set to ``steps`` (``--steps``: a shorter run, the same for every
         arm); ``None`` keeps the plan's steps."""
@@ -314,12 +324,7 @@ class ComparePlan:
             return self
         if steps < 1:
             raise ValueError(f"--steps: {steps} GRPO steps; give at least 1")
-        return replace(
-            self,
-            name=self.name if self.name.endswith("-subset") else f"{self.name}-subset",
-            arguments=f"{self.arguments} --steps {steps}",
-            tasks=tuple(replace(task, steps=steps) for task in self.tasks),
-        )
+        return self._subset_with(f"--steps {steps}", tuple(replace(t, steps=steps) for t in self.tasks))
 
     def with_sft_steps(self, steps: int | None) -> ComparePlan:
         """This plan with every task's SFT warm start set to ``steps`` (``--sft-steps``: a shorter or longer warm
@@ -328,11 +333,8 @@ class ComparePlan:
             return self
         if steps < 1:
             raise ValueError(f"--sft-steps: {steps} SFT steps; give at least 1")
-        return replace(
-            self,
-            name=self.name if self.name.endswith("-subset") else f"{self.name}-subset",
-            arguments=f"{self.arguments} --sft-steps {steps}",
-            tasks=tuple(replace(task, sft_steps=steps) for task in self.tasks),
+        return self._subset_with(
+            f"--sft-steps {steps}", tuple(replace(t, sft_steps=steps) for t in self.tasks)
         )
 
     def with_time_budget(self, seconds: float | None) -> ComparePlan:

@@ -221,42 +221,35 @@ def test_train_on_answer_records_with_images(warm_start, answer_records):
     _assert_trained(run, rows, warm_start["model"])
 
 
-def test_a_coordinate_reward_on_answer_records_is_one_line_before_any_work(
-    answer_records, tiny_model_dir, tmp_path, capsys
-):
+def _refused_train(answer_records, tiny_model_dir, tmp_path, capsys, **sections) -> str:
+    """What ``train`` printed to stderr refusing a run on the text answer records (nothing made on disk)."""
     config = _write_config(
-        tmp_path / "c.yaml",
-        tiny_model_dir("qwen2_vl"),
-        answer_records["text"],
-        tmp_path / "run",
-        rewards={"weights": {"iou": 1.0, "format": 0.5}, "options": {}},
+        tmp_path / "c.yaml", tiny_model_dir("qwen2_vl"), answer_records["text"], tmp_path / "run", **sections
     )
     capsys.readouterr()  # what building the tiny model printed
     assert cli_main(["train", "--config", str(config)]) == 1
-    err = capsys.readouterr().err.strip()
+    assert not (tmp_path / "run").exists()
+    return capsys.readouterr().err
+
+
+def test_a_coordinate_reward_on_answer_records_is_one_line_before_any_work(
+    answer_records, tiny_model_dir, tmp_path, capsys
+):
+    rewards = {"weights": {"iou": 1.0, "format": 0.5}, "options": {}}
+    err = _refused_train(answer_records, tiny_model_dir, tmp_path, capsys, rewards=rewards).strip()
     assert (
         err.count("\n") == 0
         and "rewards.weights.iou: scores image coordinates" in err
         and "answer_match" in err
     )
-    assert not (tmp_path / "run").exists()
 
 
 def test_answer_records_left_at_the_default_task_are_told_to_set_it(
     answer_records, tiny_model_dir, tmp_path, capsys
 ):
     """answer_match with data.task at its default (detection) on answer records: the fix, not "leave it out"."""
-    config = _write_config(
-        tmp_path / "c.yaml",
-        tiny_model_dir("qwen2_vl"),
-        answer_records["text"],
-        tmp_path / "run",
-        data={"task": "detection"},
-    )
-    capsys.readouterr()  # what building the tiny model printed
-    assert cli_main(["train", "--config", str(config)]) == 1
-    assert capsys.readouterr().err == (
+    err = _refused_train(answer_records, tiny_model_dir, tmp_path, capsys, data={"task": "detection"})
+    assert err == (
         "vlm-grpoma train: error: data.task: is detection, but the training records are `answer` records (short "
         "text answers, what rewards.weights.answer_match scores); set data.task=answer\n"
     )
-    assert not (tmp_path / "run").exists()
