@@ -214,6 +214,36 @@ def import_deepspeed() -> Any:
     return deepspeed
 
 
+#: DeepSpeed's CPU communication op (csrc/cpu/comm/shm.cpp): each rank's all-reduce workspace in /dev/shm
+SHM_BUFFER = "deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}"
+SHM_DIR = Path("/dev/shm")
+
+
+def release_shm_buffer() -> Path | None:
+    """Unlink this rank's shared-memory all-reduce workspace once every rank has mapped it.
+
+    DeepSpeed's CPU op creates one ~69 MB segment per rank when all ranks are on one node and never unlinks it,
+    so every run (and every killed one) left its segments in /dev/shm until the machine ran out of memory. The
+    op maps its peers' segments inside ``init_distributed``; after a barrier every rank holds its mappings, and
+    an unlinked segment lives as long as they do. Returns the path removed, if this rank had one."""
+    import torch
+
+    path = SHM_DIR / SHM_BUFFER.format(
+        uid=os.getuid(),
+        addr=os.environ.get("MASTER_ADDR", ""),
+        port=os.environ.get("MASTER_PORT", ""),
+        rank=torch.distributed.get_rank(),
+    )
+    if (
+        torch.distributed.get_world_size() > 1
+    ):  # every rank, whether or not it has a segment: no rank waits alone
+        torch.distributed.barrier()
+    if not path.exists():  # several nodes, or no CPU op: nothing was created
+        return None
+    path.unlink(missing_ok=True)
+    return path
+
+
 def init_distributed(backend: str = "auto", timeout_s: float | None = None) -> DistInfo:
     """Join (or create) the process group: under the ``deepspeed`` launcher, or as a lone process.
 
@@ -245,5 +275,7 @@ def init_distributed(backend: str = "auto", timeout_s: float | None = None) -> D
 
             distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = extra["timeout"]
         deepspeed.init_distributed(dist_backend=backend, **extra)
+        if not use_cuda:  # DeepSpeed's CPU op; the same on every rank of a job
+            release_shm_buffer()
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     return DistInfo(torch.distributed.get_rank(), torch.distributed.get_world_size(), local_rank, device)

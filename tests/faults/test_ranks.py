@@ -3,6 +3,10 @@ instead of hanging for DeepSpeed's default 30 minutes."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -51,3 +55,32 @@ def test_only_backend_peer_failures_become_distributed_errors():
     with pytest.raises(RuntimeError, match="simulator worker timed out"):  # a reward's own timeout passes
         with collective("the x", 5):
             raise RuntimeError("simulator worker timed out")
+
+
+SHM_PROBE = """
+import json, os
+import vlm_grpoma.distributed as d
+removed = []
+real = d.release_shm_buffer
+d.release_shm_buffer = lambda: removed.append(real()) or removed[-1]
+d.init_distributed("gloo")
+path = removed[0]
+print(json.dumps({"removed": str(path), "port": os.environ["MASTER_PORT"], "left": path is not None and path.exists()}))
+"""
+
+
+def test_deepspeeds_shared_memory_segment_is_unlinked_once_mapped():
+    """DeepSpeed's CPU op creates a ~69 MB /dev/shm segment per rank and never unlinks it: init_distributed
+    does, so no run (finished or killed) leaves one behind."""
+    env = {**os.environ, "LOCAL_SIZE": "1", "PYTHONWARNINGS": "ignore"}  # a lone local rank: the op makes one
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        env.pop(key, None)
+    run = subprocess.run(
+        [sys.executable, "-c", SHM_PROBE], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert (
+        result["removed"] == f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{result['port']}_0"
+    )
+    assert result["left"] is False
