@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from vlm_grpoma.lockfile import BOOTSTRAP, MAIN_LOCK, PROJECT, VLLM_LOCK, normalise  # noqa: E402
+from vlm_grpoma.lockfile import MAIN_LOCK, VLLM_LOCK, is_locked, normalise  # noqa: E402
 
 
 def make_targets(environment: str, venv: Path) -> list[str]:
@@ -47,7 +47,7 @@ def installed(venv: Path) -> list[tuple[str, str]]:
         text=True,
     ).stdout
     rows = [(row["name"], row["version"]) for row in json.loads(listing)]
-    keep = [(name, v) for name, v in rows if normalise(name) not in BOOTSTRAP | {PROJECT}]
+    keep = [(name, v) for name, v in rows if is_locked(name)]
     return sorted(keep, key=lambda row: normalise(row[0]))
 
 

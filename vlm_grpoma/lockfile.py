@@ -28,6 +28,11 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def is_locked(name: str) -> bool:
+    """Whether a lock pins this distribution: every one but the project itself and a venv's bootstrap."""
+    return normalise(name) not in BOOTSTRAP | {PROJECT}
+
+
 class LockError(ValueError):
     """A lock file line that is not ``name==version``."""
 
@@ -58,7 +63,7 @@ def installed_versions() -> dict[str, str]:
         for d in metadata.distributions()
         if d.metadata["Name"] and Path(d.locate_file("")).resolve() in site
     }
-    return {name: v for name, v in versions.items() if name != PROJECT and name not in BOOTSTRAP}
+    return {name: v for name, v in versions.items() if is_locked(name)}
 
 
 @dataclass(frozen=True)
