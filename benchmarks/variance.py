@@ -11,9 +11,10 @@
    targets that large-K limit; its expectation at the training K, by simulation, next to the exact small-K
    conditional variance and the limit.
 3. Adaptive vs uniform answers at equal budget: ``first`` answers per thought, the rest of the budget by
-   Neyman allocation (``algorithm/allocation.py``), on heteroscedastic and homoscedastic reward models; ratios
-   adaptive / uniform of the conditional variances (summed over the K thoughts) with 95 % normal intervals
-   (delta method over the draws of the K thoughts; both arms use the same answer draws).
+   Neyman allocation (``algorithm/allocation.py``) valued by the unbiased two-phase values, on heteroscedastic
+   and homoscedastic reward models; ratios adaptive / uniform of the conditional variances (summed over the K
+   thoughts) with 95 % normal intervals (delta method over the draws of the K thoughts; both arms use the same
+   answer draws).
 
     python benchmarks/variance.py [--quick] [--a 2 --b 2 --sets 256 --replicates 128 --prior-dof 2 --seed 0]
 """
@@ -28,16 +29,16 @@ from dataclasses import dataclass
 
 import torch
 
-from vlm_grpoma.algorithm.advantages import grpo_ma_advantages
-from vlm_grpoma.algorithm.allocation import allocate_answers, neyman_allocation
+from vlm_grpoma.algorithm.advantages import grpo_ma_advantages, thought_values
+from vlm_grpoma.algorithm.allocation import TwoPhaseValues, allocate_answers, neyman_allocation
 from vlm_grpoma.algorithm.diagnostics import thought_advantage_variance
 
 THOUGHTS = (2, 4, 8, 16, 64)
 ANSWERS = (1, 2, 4, 8, 16)
 #: (K, answer budget per prompt, first answers per thought, max answers per thought) of section 3: T4A4's budget
-#: with 2 first answers, and twice that budget with 4
+#: with 2 first answers, 1.5 times it, and twice it with 4
 AllocationSetting = tuple[int, int, int, int]
-ALLOCATION_SETTINGS: tuple[AllocationSetting, ...] = ((4, 16, 2, 10), (4, 32, 4, 20))
+ALLOCATION_SETTINGS: tuple[AllocationSetting, ...] = ((4, 16, 2, 10), (4, 24, 2, 12), (4, 32, 4, 20))
 #: elements per simulated chunk (bounds memory)
 CHUNK_ELEMENTS = 2_000_000
 
@@ -237,11 +238,18 @@ def compare_allocation(
         "adaptive": neyman_allocation(flat[..., :first], prior_dof=prior_dof, **bounds),
         "oracle": allocate_answers(replicated(sd) ** 2, **bounds),
     }
+    two_phase = TwoPhaseValues.for_budget(first, budget, thoughts)
     value_var, adv_var, mse = {}, {}, {}
     for arm, arm_counts in counts.items():
         mask = torch.arange(max_per_thought) < arm_counts.unsqueeze(-1)
-        values = (flat.where(mask, 0.0).sum(dim=-1) / arm_counts).reshape(sets, replicates, thoughts)
-        advantages = grpo_ma_advantages(flat, answer_mask=mask)[0].reshape(sets, replicates, thoughts)
+        # the adaptive arm's counts depend on its first answers: its values are the unbiased two-phase ones
+        if arm == "adaptive":
+            flat_values = two_phase.values(flat, mask)
+        else:
+            flat_values = thought_values(flat.where(mask, torch.nan))
+        advantages = grpo_ma_advantages(flat, answer_mask=mask, values=flat_values)[0]
+        advantages = advantages.reshape(sets, replicates, thoughts)
+        values = flat_values.reshape(sets, replicates, thoughts)
         value_var[arm] = replicate_variance(values).sum(dim=-1)
         adv_var[arm] = replicate_variance(advantages).sum(dim=-1)
         mse[arm] = ((values - mean.unsqueeze(1)) ** 2).mean(dim=1).sum(dim=-1)
@@ -319,7 +327,8 @@ def print_allocation_table(
     """Section 3 of the module docstring."""
     thoughts, budget, first, max_per_thought = setting
     print(
-        f"\n(3) Adaptive (first {first}, then Neyman, {first}..{max_per_thought} per thought) vs uniform "
+        f"\n(3) Adaptive ({first} first answers, then Neyman on the extra ones, {first + 1}..{max_per_thought} "
+        "per thought, two-phase values) vs uniform "
         f"({budget // thoughts} each): K = {thoughts}, {budget} answers per prompt; ratio adaptive/uniform "
         "[95 % interval], conditional on the thoughts"
     )
@@ -350,8 +359,9 @@ def print_allocation_table(
             + f" | {result.fewest:.1f}..{result.most:.1f}"
         )
     print(
-        "Sums over the K thoughts; A: thought advantage, V: thought value (mean of its answers); oracle: Neyman"
-        "\non the true σ_k (the gain available), adaptive: on σ_k shrunk from the first answers (the gain realised)."
+        "Sums over the K thoughts; A: thought advantage, V: thought value (the mean of its answers; adaptive: the"
+        "\nunbiased w·first mean + (1 − w)·extra mean); oracle: Neyman on the true σ_k with the plain mean (the gain"
+        "\navailable), adaptive: on σ_k shrunk from the first answers (the gain realised)."
     )
 
 

@@ -103,6 +103,11 @@ BAD = [
         r"^rollout\.adaptive_answers\.budget: 10 answers cannot be split .* with 3\.\.8 each",
     ),
     (
+        "rollout: {adaptive_answers: {enabled: true, budget: 10}}",
+        r"^rollout\.adaptive_answers\.budget: 10 leaves some of the 4 thoughts without an answer beyond their "
+        r"first 2: use 8 \(no extra answers\) or >= 12",
+    ),
+    (
         "rollout: {adaptive_answers: {enabled: true, min_per_thought: 5, max_per_thought: 4}}",
         r"^rollout\.adaptive_answers\.max_per_thought: \(4\) must be >= first \(2\) and >= min_per_thought",
     ),

@@ -177,3 +177,26 @@ def test_ragged_thought_advantage_variance_uses_each_thoughts_own_count():
         assert float(got[b]) == pytest.approx(noise / (between + noise), rel=1e-12)
     full = torch.ones(3, 4, 6, dtype=torch.bool)
     assert torch.equal(thought_advantage_variance(rewards, full), thought_advantage_variance(rewards))
+
+
+def test_two_phase_thought_advantage_variance_uses_the_estimators_own_variance():
+    """A two-phase tree: each thought's noise is s_k²·(w²/f + (1 − w)²/e_k) and the spread is that of the
+    two-phase values, against a loop."""
+    import torch
+
+    from vlm_grpoma.algorithm.allocation import TwoPhaseValues
+    from vlm_grpoma.algorithm.diagnostics import thought_advantage_variance
+
+    generator = torch.Generator().manual_seed(1)
+    rewards = torch.rand(3, 4, 8, generator=generator, dtype=torch.float64)
+    counts = torch.tensor([[3, 5, 4, 4], [6, 3, 3, 4], [3, 3, 3, 7]])  # 2 first answers, 16 in all
+    mask = torch.arange(8) < counts.unsqueeze(-1)
+    two_phase = TwoPhaseValues.for_budget(2, 16, 4)
+    got = thought_advantage_variance(rewards.where(mask, torch.nan), mask, two_phase)
+    w = 0.5
+    for b in range(3):
+        parts = [rewards[b, k, : counts[b, k]] for k in range(4)]
+        noise = sum(float(p.var()) * (w**2 / 2 + (1 - w) ** 2 / (len(p) - 2)) for p in parts) / 4
+        values = torch.stack([w * p[:2].mean() + (1 - w) * p[2:].mean() for p in parts])
+        between = max(float(values.var()) - noise, 0.0)
+        assert float(got[b]) == pytest.approx(noise / (between + noise), rel=1e-12)

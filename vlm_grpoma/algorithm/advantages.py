@@ -18,7 +18,9 @@ that group 0. We leave out ±inf (and overflowing rewards) like NaN, so one bad 
 Unequal answers per thought (adaptive allocation, ``algorithm/allocation.py``) come as a padded M dimension with
 an ``answer_mask [B, K, M]``: an absent answer is left out exactly like an unusable one, so a thought's value is
 the mean of its own present answers, the answer advantage normalises over all present answers of the prompt, and
-absent answers get advantage 0. Without a mask, or with an all-True one, the result is bit-identical.
+absent answers get advantage 0. Without a mask, or with an all-True one, the result is bit-identical. Where the
+answer counts were chosen from the first answers' rewards, their plain mean is biased: the caller passes the
+unbiased two-phase values instead (``allocation.TwoPhaseValues``).
 """
 
 from __future__ import annotations
@@ -69,10 +71,12 @@ def grpo_ma_advantages(
     scale: AdvantageScale = "std",
     eps: float = 1e-4,
     answer_mask: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(thought_adv [B, K], answer_adv [B, K, M])`` for rewards ``[B, K, M]`` (unusable: no signal),
     in the rewards' floating dtype (float32 for integer rewards); ``answer_mask`` (bool ``[B, K, M]``) marks
-    the present answers of a ragged tree (module docstring)."""
+    the present answers of a ragged tree (module docstring); ``values`` (``[B, K]``, NaN: none) replaces
+    :func:`thought_values` (a two-phase tree's unbiased values, ``allocation.TwoPhaseValues``)."""
     if rewards.dim() != 3:
         raise ValueError(f"rewards must have shape [B, K, M], got {tuple(rewards.shape)}")
     if not rewards.is_floating_point():
@@ -81,7 +85,10 @@ def grpo_ma_advantages(
         check_answer_mask(answer_mask, rewards.shape)
         rewards = rewards.where(answer_mask, torch.nan)
     batch, thoughts, answers = rewards.shape
-    values = thought_values(rewards)
+    if values is None:
+        values = thought_values(rewards)
+    elif values.shape != rewards.shape[:2]:
+        raise ValueError(f"values must have shape {tuple(rewards.shape[:2])}, got {tuple(values.shape)}")
     thought_adv = group_normalise(values, scale=scale, eps=eps).to(rewards.dtype)
     answer_adv = group_normalise(rewards.reshape(batch, thoughts * answers), scale=scale, eps=eps)
     return thought_adv, answer_adv.reshape(batch, thoughts, answers)

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from vlm_grpoma.algorithm.allocation import TwoPhaseValues
+
 
 @dataclass
 class GradientSpikeTracker:
@@ -81,7 +83,9 @@ class GradientSpikeTracker:
 
 
 def thought_advantage_variance(
-    rewards: torch.Tensor, answer_mask: torch.Tensor | None = None
+    rewards: torch.Tensor,
+    answer_mask: torch.Tensor | None = None,
+    two_phase: TwoPhaseValues | None = None,
 ) -> torch.Tensor:
     """Per-prompt estimate ``[B]`` of the answer-sampling variance of the thought advantages, averaged over K.
 
@@ -91,12 +95,14 @@ def thought_advantage_variance(
     underestimates by 20–30 % at M ≤ 8.) Needs M ≥ 2; returns NaN for M = 1, where nothing measures it.
 
     A ragged tree (``answer_mask [B, K, M]``, M_k answers for thought k, each ≥ 2) uses each thought's own
-    ``s_k² / M_k``: ``mean_k(s_k²/M_k) / (τ² + mean_k(s_k²/M_k))``, the same number when every M_k = M.
+    value variance ``s_k² c_k``: ``mean_k(s_k² c_k) / (τ² + mean_k(s_k² c_k))`` with ``c_k = 1/M_k`` for the
+    plain mean, the same number when every M_k = M, or ``two_phase``'s factor and values for a two-phase tree.
     """
     if rewards.dim() != 3:
         raise ValueError(f"rewards must have shape [B, K, M], got {tuple(rewards.shape)}")
-    if answer_mask is not None and not bool(answer_mask.all()):
-        return _ragged_thought_advantage_variance(rewards.double(), answer_mask)
+    if two_phase is not None or (answer_mask is not None and not bool(answer_mask.all())):
+        mask = torch.ones_like(rewards, dtype=torch.bool) if answer_mask is None else answer_mask
+        return _ragged_thought_advantage_variance(rewards.double(), mask, two_phase)
     rewards = rewards.double()
     batch, _, answers = rewards.shape
     if answers < 2:
@@ -107,13 +113,18 @@ def thought_advantage_variance(
     return torch.where(denominator > 0, within / denominator.clamp(min=1e-300), torch.zeros_like(within))
 
 
-def _ragged_thought_advantage_variance(rewards: torch.Tensor, answer_mask: torch.Tensor) -> torch.Tensor:
-    """:func:`thought_advantage_variance` of a ragged tree: the thoughts' own answer counts."""
-    counts = answer_mask.sum(-1).double()
-    mean = rewards.where(answer_mask, 0.0).sum(-1) / counts.clamp(min=1.0)
+def _ragged_thought_advantage_variance(
+    rewards: torch.Tensor, answer_mask: torch.Tensor, two_phase: TwoPhaseValues | None
+) -> torch.Tensor:
+    """:func:`thought_advantage_variance` of a ragged tree: the thoughts' own answer counts and values."""
+    counts = answer_mask.sum(-1)
+    total = counts.double()
+    mean = rewards.where(answer_mask, 0.0).sum(-1) / total.clamp(min=1.0)
     squares = ((rewards - mean.unsqueeze(-1)).where(answer_mask, 0.0) ** 2).sum(-1)
-    noise = (squares / (counts - 1.0).clamp(min=1.0) / counts.clamp(min=1.0)).mean(-1)  # mean_k s_k² / M_k
-    between = (mean.var(dim=-1) - noise).clamp(min=0.0)
+    factor = 1.0 / total.clamp(min=1.0) if two_phase is None else two_phase.variance_factor(counts)
+    value = mean if two_phase is None else two_phase.values(rewards, answer_mask)
+    noise = (squares / (total - 1.0).clamp(min=1.0) * factor).mean(-1)  # mean_k s_k² Var(V_k)/σ_k²
+    between = (value.var(dim=-1) - noise).clamp(min=0.0)
     denominator = between + noise
     return torch.where(denominator > 0, noise / denominator.clamp(min=1e-300), torch.zeros_like(noise))
 

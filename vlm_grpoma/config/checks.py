@@ -108,6 +108,15 @@ def _check_adaptive_answers(r: Any) -> None:
         f"{a.budget} answers cannot be split over rollout.num_thoughts = {k} thoughts with {low}.."
         f"{a.max_per_thought} each (first, min_per_thought, max_per_thought)",
     )
+    # the rule of algorithm/allocation.extra_answer_bounds, in the config's words: unbiased values need an
+    # extra answer for every thought, or for none
+    _require(
+        a.budget == k * a.first or (a.budget >= k * (a.first + 1) and a.max_per_thought > a.first),
+        f"{key}.budget",
+        f"{a.budget} leaves some of the {k} thoughts without an answer beyond their first {a.first}: use "
+        f"{k * a.first} (no extra answers) or >= {k * (a.first + 1)} with max_per_thought > first (the "
+        "thought values stay unbiased only when every thought gets extra answers, or none does)",
+    )
     _require(
         k * a.max_per_thought <= MAX_ANSWERS_PER_PROMPT,
         f"{key}.max_per_thought",

@@ -155,7 +155,8 @@ class AdaptiveAnswersConfig:
     enabled: bool = False
     #: answers sampled per thought before allocating, >= 2 (a spread needs two)
     first: int = checked(2, Range(ge=2, cap=4096))
-    #: answers per prompt in all, the sum of the K per-thought counts; >= K x first
+    #: answers per prompt in all, the sum of the K per-thought counts: K x first (no extra answers), or
+    #: >= K x (first + 1), every thought then getting at least one extra (the thought values stay unbiased)
     budget: int = checked(16, Range(ge=2, cap=4096))
     #: fewest answers a thought gets, >= 1 (at least `first` in effect)
     min_per_thought: int = checked(2, Range(ge=1, cap=4096))

@@ -2,10 +2,12 @@
 thought's value is least certain.
 
 Phase 1 samples K thoughts with ``first`` answers each and scores them; Neyman allocation
-(``algorithm/allocation.py``: shrunk spreads, per-thought bounds) splits the rest of ``budget``; the backend
-samples those answers continuing the same thoughts (:meth:`RolloutEngine.sample_answers`) and they are scored.
-The result is a ragged tree of ``max_per_thought`` answer slots per thought and its scores, what the step trains
-on. The extra answers' seed is a function of the step's rollout seed, so an exact resume resamples them alike.
+(``algorithm/allocation.py``: shrunk spreads, per-thought bounds, at least one extra answer per thought) splits
+the rest of ``budget``; the backend samples those answers continuing the same thoughts
+(:meth:`RolloutEngine.sample_answers`) and they are scored. The result is a ragged tree of ``max_per_thought``
+answer slots per thought, first answers first, and its scores, what the step trains on; its thought values are
+``allocation.TwoPhaseValues``, unbiased under the allocation. The extra answers' seed is a function of the step's
+rollout seed, so an exact resume resamples them alike.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import replace
 import torch
 
 from vlm_grpoma.algorithm.allocation import (
+    TwoPhaseValues,
     neyman_allocation,
     predicted_variance_ratio,
     shrunk_reward_variance,
@@ -61,12 +64,16 @@ def two_phase_rollout(
     return merged, scores_with_answers(first, extra, merged)
 
 
-def allocation_metrics(tree: RolloutTree, rewards: torch.Tensor, first: int) -> dict[str, float]:
+def allocation_metrics(
+    tree: RolloutTree, rewards: torch.Tensor, two_phase: TwoPhaseValues
+) -> dict[str, float]:
     """``answers/per_thought_{min,mean,max}`` of this rank's tree and ``answers/predicted_var_ratio``: the
-    realised allocation's predicted answer-sampling variance ``Σ_k σ̂_k²/M_k`` (σ̂ from the first answers, as
-    the allocation saw them) over the uniform split's, averaged over prompts with a spread (NaN: none)."""
+    predicted answer-sampling variance of the two-phase values under the realised allocation (σ̂ from the
+    first answers, as the allocation saw them) over the plain mean's at the uniform split, averaged over
+    prompts with a spread (NaN: none)."""
     counts = tree.answer_counts
-    ratio = predicted_variance_ratio(shrunk_reward_variance(rewards[:, :, :first]), counts)
+    first_spread = shrunk_reward_variance(rewards[:, :, : two_phase.first])
+    ratio = predicted_variance_ratio(first_spread, counts, two_phase)
     return {
         "answers/per_thought_min": float(counts.min()),
         "answers/per_thought_mean": float(counts.double().mean()),

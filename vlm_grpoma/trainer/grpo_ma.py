@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from vlm_grpoma.algorithm import LossStats, grpo_ma_advantages, grpo_ma_token_weights, policy_loss
+from vlm_grpoma.algorithm.allocation import TwoPhaseValues
 from vlm_grpoma.algorithm.diagnostics import logprob_mismatch
 from vlm_grpoma.config import Config
 from vlm_grpoma.datasets.jsonl import first_record_task
@@ -199,8 +200,13 @@ class GRPOMATrainer(Trainer):
     def _targets(self, tree: RolloutTree, rewards: torch.Tensor) -> SegmentTargets:
         """GRPO-MA advantages of the step's rewards and token weights of the whole optimizer batch."""
         config, algo = self.config, self.config.algorithm
+        two_phase = self._two_phase_values()
         thought_adv, answer_adv = grpo_ma_advantages(
-            rewards, scale=algo.advantage_scale, eps=algo.advantage_eps, answer_mask=tree.answer_present
+            rewards,
+            scale=algo.advantage_scale,
+            eps=algo.advantage_eps,
+            answer_mask=tree.answer_present,
+            values=None if two_phase is None else two_phase.values(rewards, tree.answer_present),
         )
         thought_mask = tree.thought_loss_mask(len(self.adapter.tokens.think_close))
         thought_weights, answer_weights = grpo_ma_token_weights(
@@ -213,6 +219,13 @@ class GRPOMATrainer(Trainer):
             answer_mask=tree.answer_present,
         )
         return SegmentTargets(thought_adv, answer_adv, thought_weights, answer_weights, thought_mask)
+
+    def _two_phase_values(self) -> TwoPhaseValues | None:
+        """How adaptive answers' thought values weigh first and extra answers (None: the plain mean)."""
+        adaptive, thoughts = self.config.rollout.adaptive_answers, self.config.rollout.num_thoughts
+        return (
+            TwoPhaseValues.for_budget(adaptive.first, adaptive.budget, thoughts) if adaptive.enabled else None
+        )
 
     def _loss_options(self) -> dict[str, float | str]:
         """The clipped objective's settings, as :func:`~vlm_grpoma.algorithm.loss.policy_loss` takes them."""
@@ -293,13 +306,16 @@ class GRPOMATrainer(Trainer):
             update, grad_norm = self._update(tree, self._targets(tree, scored.rewards))
         local = (
             rollout_metrics(tree, timer.seconds["rollout"] + overlapped_s)
-            | reward_metrics(scored.rewards, scored.parsed, result, tree.answer_present)
+            | reward_metrics(
+                scored.rewards, scored.parsed, result, tree.answer_present, self._two_phase_values()
+            )
             | update
             | batch_metrics
             | timer.metrics()
         )
-        if self.config.rollout.adaptive_answers.enabled:
-            local |= allocation_metrics(tree, scored.rewards, self.config.rollout.adaptive_answers.first)
+        two_phase = self._two_phase_values()
+        if two_phase is not None:
+            local |= allocation_metrics(tree, scored.rewards, two_phase)
         timeout = self.config.train.dist_timeout_s
         metrics = reduce_metrics(local, timeout_s=timeout)
         metrics |= global_reward_metrics(

@@ -17,6 +17,7 @@ import torch
 
 from vlm_grpoma.algorithm import thought_advantage_variance
 from vlm_grpoma.algorithm.advantages import thought_values
+from vlm_grpoma.algorithm.allocation import TwoPhaseValues
 from vlm_grpoma.rewards.base import RewardResult
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.trainer.logging import reduce_metrics, sum_over_ranks
@@ -61,9 +62,10 @@ def rollout_metrics(tree: RolloutTree, rollout_seconds: float) -> dict[str, floa
     }
 
 
-def zero_thought_variance_fraction(rewards: torch.Tensor) -> float:
-    """The fraction of prompts with fewer than two distinct finite thought values (no thought signal)."""
-    per_thought = thought_values(rewards)
+def zero_thought_variance_fraction(rewards: torch.Tensor, values: torch.Tensor | None = None) -> float:
+    """The fraction of prompts with fewer than two distinct finite thought values (no thought signal); the
+    values are the thoughts' mean rewards unless given."""
+    per_thought = thought_values(rewards) if values is None else values
     has_value = torch.isfinite(per_thought)
     highest = per_thought.where(has_value, -math.inf).amax(-1)
     lowest = per_thought.where(has_value, math.inf).amin(-1)
@@ -75,14 +77,18 @@ def reward_metrics(
     parsed: torch.Tensor,
     result: RewardResult,
     answer_present: torch.Tensor | None = None,
+    two_phase: TwoPhaseValues | None = None,
 ) -> dict[str, float]:
     """This rank's parse rate, group signal, thought-advantage variance estimate and reward components
-    (``answer_present``: a ragged tree's sampled answers, the others not counted)."""
+    (``answer_present``: a ragged tree's sampled answers, the others not counted; ``two_phase``: its thought
+    values, as the advantages take them)."""
     present = torch.ones_like(parsed) if answer_present is None else answer_present
+    values = None if two_phase is None else two_phase.values(rewards, present)
+    estimate = thought_advantage_variance(rewards, answer_present, two_phase)
     metrics = {
         "answers/parse_rate": float(parsed[present].float().mean()),
-        "groups/zero_thought_variance": zero_thought_variance_fraction(rewards),
-        "variance/thought_adv_estimate": float(thought_advantage_variance(rewards, answer_present).nanmean()),
+        "groups/zero_thought_variance": zero_thought_variance_fraction(rewards, values),
+        "variance/thought_adv_estimate": float(estimate.nanmean()),
     }
     for name, component in result.components.items():
         metrics[f"reward/{name}_mean"] = float(torch.tensor(component, dtype=torch.float64).nanmean())
