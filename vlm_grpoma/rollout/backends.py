@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from vlm_grpoma.config import Config
+from vlm_grpoma.distributed import DistInfo
 from vlm_grpoma.models.base import PromptInputs
-from vlm_grpoma.rollout.base import RolloutEngine, full_module
+from vlm_grpoma.rollout.base import GeneratingModel, Policy, RolloutEngine, full_module
 from vlm_grpoma.rollout.hf import HFRolloutEngine
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.sampling import SamplingParams
@@ -34,7 +35,7 @@ class GatheredHFRollout:
     """The transformers backend on a DeepSpeed :class:`~vlm_grpoma.trainer.engine.TrainingEngine`: each rollout
     runs inside ``training.generation()`` (eval mode, no grad, ZeRO-3 parameters gathered on all ranks)."""
 
-    training: Any
+    training: GeneratingModel
     adapter: QwenVLAdapter
 
     def sample(self, prompts: Sequence[PromptInputs], params: SamplingParams) -> RolloutTree:
@@ -45,17 +46,17 @@ class GatheredHFRollout:
         with full_module(self.training) as module:
             return HFRolloutEngine.for_adapter(module, self.adapter).sample_answers(tree, counts, params)
 
-    def update_weights(self, model: Any) -> int:
+    def update_weights(self, model: Policy) -> int:
         """Nothing to copy: every rollout gathers the live training module."""
         return 0
 
 
 def build_rollout_engine(
     config: Config,
-    model: Any,
+    model: Policy,
     adapter: QwenVLAdapter,
     *,
-    dist: Any = None,
+    dist: DistInfo | None = None,
     vllm_options_override: VLLMOptions | None = None,
 ) -> RolloutEngine:
     """The backend named by ``config.rollout.backend`` for ``model`` (a TrainingEngine or a plain module).

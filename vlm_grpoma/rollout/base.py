@@ -10,8 +10,8 @@ Each backend owns how it follows the trained policy (``update_weights``, called 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 if TYPE_CHECKING:
     import torch
@@ -19,6 +19,21 @@ if TYPE_CHECKING:
 from vlm_grpoma.models.base import PromptInputs
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.sampling import SamplingParams
+
+
+class GeneratingModel(Protocol):
+    """A training engine as a rollout backend sees it (``trainer.engine.TrainingEngine``, which would import
+    upwards): its unwrapped module, and that module made ready to sample from (eval mode, no grad, ZeRO-3
+    parameters gathered; a collective on all ranks)."""
+
+    @property
+    def module(self) -> torch.nn.Module: ...
+
+    def generation(self) -> AbstractContextManager[torch.nn.Module]: ...
+
+
+#: the policy a backend samples or copies weights from: a plain module, or a training engine
+Policy: TypeAlias = "torch.nn.Module | GeneratingModel"
 
 
 class RolloutEngine(Protocol):
@@ -31,7 +46,7 @@ class RolloutEngine(Protocol):
         ragged tree of the same thoughts, ``counts.max()`` answer slots each (``answer_present``)."""
         ...
 
-    def update_weights(self, model: Any) -> int:
+    def update_weights(self, model: Policy) -> int:
         """Bring the backend in step with ``model`` (a module, or a training engine: see :func:`full_module`).
 
         Called on every rank after each optimizer step. Returns how many weight tensors were copied (0 for a
@@ -41,7 +56,7 @@ class RolloutEngine(Protocol):
 
 
 @contextmanager
-def full_module(model: Any) -> Iterator[torch.nn.Module]:
+def full_module(model: Policy) -> Iterator[torch.nn.Module]:
     """The complete policy module behind ``model``: a plain module itself, or a training engine's module inside
     its ``generation()`` context (eval mode, no grad, ZeRO-3 parameters gathered; a collective on all ranks)."""
     import torch

@@ -29,7 +29,10 @@ from vlm_grpoma.rollout.tree import FinishReason, RolloutTree, answers_at
 from vlm_grpoma.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from vlm_grpoma.models.qwen import QwenVLAdapter
+    from vlm_grpoma.rollout.base import Policy
 
 
 @dataclass
@@ -93,7 +96,11 @@ class HFRolloutEngine:
     """Two-phase K x M sampling with a transformers Qwen-VL model (see the module docstring)."""
 
     def __init__(
-        self, model: torch.nn.Module, tokens: SpecialTokens, tokenizer: Any, reuse_prefix_cache: bool = True
+        self,
+        model: torch.nn.Module,
+        tokens: SpecialTokens,
+        tokenizer: PreTrainedTokenizerBase,
+        reuse_prefix_cache: bool = True,
     ) -> None:
         self.model = model
         self.tokens = tokens
@@ -281,7 +288,7 @@ class HFRolloutEngine:
                 )
         return _Decoded(ids, mask, logprobs, thoughts.finish, torch.zeros_like(thoughts.unfed))
 
-    def update_weights(self, model: Any) -> int:
+    def update_weights(self, model: Policy) -> int:
         """Nothing to copy: every rollout reads the live training module."""
         return 0
 

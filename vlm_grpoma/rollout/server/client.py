@@ -42,7 +42,9 @@ from vlm_grpoma.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from vlm_grpoma.config import Config
+    from vlm_grpoma.distributed import DistInfo
     from vlm_grpoma.models.qwen import QwenVLAdapter
+    from vlm_grpoma.rollout.base import Policy
 
 #: Direct connections only: a machine-wide http_proxy must not route trainer-server traffic.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -86,7 +88,9 @@ class ServerRolloutEngine:
     _pushed_to: str | None = None  # the boot id of the server that holds it
 
     @classmethod
-    def create(cls, config: Config, adapter: QwenVLAdapter, dist: Any = None) -> ServerRolloutEngine:
+    def create(
+        cls, config: Config, adapter: QwenVLAdapter, dist: DistInfo | None = None
+    ) -> ServerRolloutEngine:
         """The engine of this rank (``dist``: its place in the job; None: a lone process), checked against
         its server's ``/health`` before anything is sent."""
         urls = config.rollout.server.urls
@@ -177,7 +181,7 @@ class ServerRolloutEngine:
 
     # -- weights ------------------------------------------------------------------------------------------
 
-    def update_weights(self, model: Any) -> int:
+    def update_weights(self, model: Policy) -> int:
         """Push ``model``'s weights (on every rank: ZeRO-3 gathers collectively; the pusher sends) and move this
         rank to the next version. Returns how many tensors this rank pushed (0 on the others)."""
         with full_module(model) as module:

@@ -44,7 +44,9 @@ from vlm_grpoma.rollout.vllm.weights import Counted, merged_weights, repack_tied
 from vlm_grpoma.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from vlm_grpoma.distributed import DistInfo
     from vlm_grpoma.models.qwen import QwenVLAdapter
+    from vlm_grpoma.rollout.base import Policy
 
 
 @dataclass
@@ -77,7 +79,7 @@ class VLLMRolloutEngine:
         options: VLLMOptions,
         *,
         seed: int = 0,
-        dist: Any = None,
+        dist: DistInfo | None = None,
         trust_remote_code: bool = False,
     ) -> VLLMRolloutEngine:
         """One ``vllm.LLM`` per rank on the same checkpoint folder, run by the external (deepspeed/torchrun)
@@ -132,7 +134,7 @@ class VLLMRolloutEngine:
 
     # -- weights ------------------------------------------------------------------------------------------
 
-    def update_weights(self, model: Any) -> int:
+    def update_weights(self, model: Policy) -> int:
         """Copy ``model``'s weights (ZeRO-3 gathered, LoRA merged) into the engine; see :meth:`load_weights`."""
         with full_module(model) as module:
             return self.load_weights(merged_weights(module))

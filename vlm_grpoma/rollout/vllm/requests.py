@@ -20,6 +20,7 @@ from vlm_grpoma.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from PIL import Image
+    from transformers import PreTrainedTokenizerBase
 
     from vlm_grpoma.models.qwen import QwenVLAdapter
 
@@ -66,7 +67,7 @@ def request_seed(base: int, *path: int) -> int:
     return value % (2**31 - 2**16)
 
 
-def banned_words(tokenizer: Any, ids: Iterable[int]) -> list[str]:
+def banned_words(tokenizer: PreTrainedTokenizerBase, ids: Iterable[int]) -> list[str]:
     """The token strings of ``ids`` for ``SamplingParams.bad_words`` (each must encode back to its one id)."""
     ids = list(ids)
     words = tokenizer.convert_ids_to_tokens(ids)
