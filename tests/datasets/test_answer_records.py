@@ -8,7 +8,7 @@ import json
 import pytest
 
 from vlm_grpoma.datasets.check import check_record_files
-from vlm_grpoma.datasets.images import check_image, image_problems
+from vlm_grpoma.datasets.images import image_problems
 from vlm_grpoma.datasets.jsonl import load_records, read_records, write_records
 from vlm_grpoma.datasets.schema import Record, ShortAnswer
 
@@ -76,6 +76,5 @@ def test_file_checks_never_open_a_file_for_a_text_only_record(tmp_path):
     record = Record("t", None, "answer", "2+3?", None, None, ShortAnswer("5"))
     with_image = Record("i", str(tmp_path / "missing.png"), "answer", "p", 8, 8, ShortAnswer("5"))
     check_record_files(record)
-    check_image(record)
     problems = image_problems([record, with_image])
     assert list(problems) == [1] and "missing.png" in problems[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,8 +11,15 @@ import pytest
 from vlm_grpoma.envs.sapien.camera import raycast, raycast_image
 from vlm_grpoma.envs.sapien.objects import make_object
 from vlm_grpoma.envs.sapien.scene import build_scene
-from vlm_grpoma.envs.sapien.task import EpisodeSpec, execute, prepare, sample_episode, sample_urdf_episode
+from vlm_grpoma.envs.sapien.task import EpisodeSpec, execute, prepare, sample_episode
 from vlm_grpoma.envs.sapien.urdf import joint_frictions, prepare_urdf, to_urdf
+
+
+def sample_urdf_episode(urdf_path, episode_seed):
+    """An episode on a URDF object, category ``urdf:<folder>`` (what ManipLLM's asset loader does for its
+    PartNet-Mobility folders)."""
+    path = Path(urdf_path).resolve()
+    return sample_episode(f"urdf:{path.parent.name}", 0, episode_seed, urdf=str(path))
 
 
 @pytest.mark.parametrize("category,seed", [("drawer_cabinet", 3), ("trash_can", 8), ("refrigerator", 2)])

@@ -14,7 +14,7 @@ from vlm_grpoma.config import LoraConfig, ModelConfig
 from vlm_grpoma.errors import CheckpointError
 from vlm_grpoma.models.loading import load_model, load_pretrained, prepare_trainable
 from vlm_grpoma.models.registry import load_adapter
-from vlm_grpoma.models.sources import adapter_chain, architecture_source, is_adapter_folder
+from vlm_grpoma.models.sources import adapter_chain, is_adapter_folder
 
 R, ALPHA = 4, 8
 
@@ -61,7 +61,7 @@ def full(tiny_model_dir) -> Path:
 def test_full_folder_and_hub_id_are_their_own_base(full):
     chain = adapter_chain(full)
     assert chain.base == str(full.resolve()) and chain.adapters == () and not chain.is_adapter
-    assert architecture_source("Qwen/Qwen2.5-VL-3B-Instruct") == "Qwen/Qwen2.5-VL-3B-Instruct"
+    assert adapter_chain("Qwen/Qwen2.5-VL-3B-Instruct").base == "Qwen/Qwen2.5-VL-3B-Instruct"
 
 
 def test_adapter_and_chain_of_adapters_merge_to_the_hand_computed_weights(full, tmp_path):
@@ -71,7 +71,7 @@ def test_adapter_and_chain_of_adapters_merge_to_the_hand_computed_weights(full, 
     # the second LoRA was trained on the merged first one: its config names the first folder, not the bare base
     assert json.loads((second / "adapter_config.json").read_text())["base_model_name_or_path"] == str(first)
     assert adapter_chain(second).adapters == (str(first), str(second))
-    assert architecture_source(second) == str(full.resolve())
+    assert adapter_chain(second).base == str(full.resolve())
 
     base = load_model(ModelConfig(name_or_path=str(full), dtype="float32")).model.state_dict()
     expected = merged_by_hand(merged_by_hand(base, first), second)

@@ -10,12 +10,23 @@ from vlm_grpoma.answers import ParseError, Points, Trajectory
 from vlm_grpoma.rewards import build_reward
 from vlm_grpoma.rewards.trajectory import (
     TrajectoryReward,
-    discrete_frechet,
-    hausdorff,
+    frechet_from_distances,
+    hausdorff_from_distances,
+    pairwise_distances,
     resample_normalised,
     resample_polyline,
     rmse,
 )
+
+
+def discrete_frechet(a, b):
+    """Discrete Fréchet distance of polylines a [..., N, 2] and b [..., M, 2], as the reward computes it."""
+    return frechet_from_distances(pairwise_distances(a, b))
+
+
+def hausdorff(a, b):
+    """Symmetric Hausdorff distance of point sets a [..., N, 2] and b [..., M, 2], as the reward computes it."""
+    return hausdorff_from_distances(pairwise_distances(a, b))
 
 
 def frechet_reference(p, q):

@@ -147,13 +147,6 @@ def image_size(path: str | Path, record_id: str | None = None) -> tuple[int, int
     return (height, width) if orientation in _TRANSPOSING_ORIENTATIONS else (width, height)
 
 
-def check_image(record: Record) -> None:
-    """Raise ImageLoadError unless the record's image exists and has the record's width/height (cheap)."""
-    if record.image is None:  # text-only
-        return
-    _check_size(image_size(record.image, record.id), record, record.image, "image")
-
-
 def load_mask(record_or_path: Record | str | Path, record_id: str | None = None) -> np.ndarray:
     """A boolean [height, width] mask: True where any colour channel (or palette index) is non-zero.
 
@@ -300,7 +293,6 @@ __all__ = [
     "MAX_ASPECT_RATIO",
     "MAX_IMAGE_PIXELS",
     "ImageLoadError",
-    "check_image",
     "image_problems",
     "image_size",
     "load_image",

@@ -120,16 +120,10 @@ def record_portable_base(adapter_dir: str | Path) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def architecture_source(name_or_path: str | Path) -> str:
-    """The folder or hub id whose ``config.json`` describes the model's architecture (the chain's base)."""
-    return adapter_chain(name_or_path).base
-
-
 __all__ = [
     "ADAPTER_CONFIG",
     "AdapterChain",
     "adapter_chain",
-    "architecture_source",
     "is_adapter_folder",
     "local_path",
     "looks_like_hub_id",

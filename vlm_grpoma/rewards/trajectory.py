@@ -127,16 +127,6 @@ def hausdorff_from_distances(d: np.ndarray) -> np.ndarray:
     return np.maximum(d.min(axis=-1).max(axis=-1), d.min(axis=-2).max(axis=-1))
 
 
-def discrete_frechet(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Discrete Fréchet distance [...] between polylines a [..., N, 2] and b [..., M, 2]."""
-    return frechet_from_distances(pairwise_distances(a, b))
-
-
-def hausdorff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Symmetric Hausdorff distance [...] between point sets a [..., N, 2] and b [..., M, 2]."""
-    return hausdorff_from_distances(pairwise_distances(a, b))
-
-
 def rmse(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Root mean squared distance [...] between corresponding points of a and b [..., N, 2]."""
     diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -423,14 +422,6 @@ def sample_episode(
         if action is not None:
             return replace(spec, camera=camera), action
     raise RuntimeError(f"no view of {category} seed {seed} shows part {target.name} (episode {episode_seed})")
-
-
-def sample_urdf_episode(
-    urdf_path: str | Path, episode_seed: int, **options
-) -> tuple[EpisodeSpec, ContactAction]:
-    """An episode on a URDF object (e.g. a PartNet-Mobility ``mobility.urdf``); category ``urdf:<folder>``."""
-    path = Path(urdf_path).resolve()
-    return sample_episode(f"urdf:{path.parent.name}", 0, episode_seed, urdf=str(path), **options)
 
 
 def sample_split_episode(
