@@ -4,8 +4,11 @@ and offline an uncached hub id is refused at once (no retry loop)."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import shutil
+import socket
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -105,6 +108,74 @@ def test_offline_an_uncached_hub_id_is_refused_before_any_lookup(offline, monkey
     with pytest.raises(UserError, match="HF_HUB_OFFLINE"):
         load_adapter(replace(ModelConfig(), name_or_path=UNCACHED))
     assert time.monotonic() - start < 2
+
+
+class _StandInHub(http.server.BaseHTTPRequestHandler):
+    """A hub that knows one model: ``/api/models/<KNOWN>`` is 200, every other id 401 (as the real hub answers
+    an unknown id to a caller without a token); each request is counted."""
+
+    requests: list[str] = []
+
+    def do_GET(self) -> None:
+        self.requests.append(self.path)
+        self.send_response(200 if self.path == f"/api/models/{KNOWN}" else 401)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args) -> None:
+        pass
+
+
+KNOWN = "vlm-grpoma-tests/known-model"
+
+
+@pytest.fixture
+def online_hub(monkeypatch):
+    """``HF_ENDPOINT`` pointed at a stand-in hub on a loopback port, online (no HF_HUB_OFFLINE)."""
+    from huggingface_hub import constants
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StandInHub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    _StandInHub.requests = []
+    yield _StandInHub.requests
+    server.shutdown()
+    server.server_close()
+
+
+def test_online_a_mistyped_hub_id_is_one_line_after_one_request(online_hub):
+    """Before: transformers asked the hub for config.json and raised a traceback about a repository not found."""
+    with pytest.raises(UserError) as raised:
+        model_files.check_model_source(UNCACHED)
+    message = str(raised.value)
+    assert message.startswith(f"model.name_or_path: {UNCACHED}: no such model on http://127.0.0.1:"), message
+    assert "\n" not in message and online_hub == [f"/api/models/{UNCACHED}"]
+    model_files.check_model_source(KNOWN)  # a model the hub knows is left to the download
+    assert online_hub[-1] == f"/api/models/{KNOWN}"
+
+
+def test_online_an_unreachable_hub_is_one_line_at_once(monkeypatch):
+    """Before: five retries over half a minute, then a traceback. Now one refused connection, then one line
+    that points at HF_HUB_OFFLINE."""
+    from huggingface_hub import constants
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    start = time.monotonic()
+    with pytest.raises(UserError) as raised:
+        load_adapter(replace(ModelConfig(), name_or_path=UNCACHED))
+    message = str(raised.value)
+    assert time.monotonic() - start < 3
+    assert f"model.name_or_path: {UNCACHED}: cannot reach http://127.0.0.1:{port}" in message, message
+    assert "set HF_HUB_OFFLINE=1" in message and "\n" not in message
 
 
 def _assert_one_line(done, *needles: str) -> str:

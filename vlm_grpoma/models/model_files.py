@@ -1,7 +1,8 @@
 """A model source checked before transformers reads it: ``model.name_or_path`` empty, a local folder that is not
-there, a hub id that is neither cached nor reachable, a damaged ``config.json`` or a truncated ``*.safetensors``
-are one line naming the key or the file (transformers, huggingface_hub and safetensors raise tracebacks, and an
-offline hub lookup retries for half a minute first).
+there, a hub id that is neither cached nor reachable (one probe request, no retries), an id the hub does not
+know, a damaged ``config.json`` or a truncated ``*.safetensors`` are one line naming the key or the file
+(transformers, huggingface_hub and safetensors raise tracebacks, and an unreachable hub is retried for half a
+minute first).
 
 The checks read only what is cheap: ``config.json`` and each safetensors file's header and size, never weights.
 """
@@ -23,6 +24,8 @@ KEY = "model.name_or_path"
 _HEADER_LENGTH_BYTES = 8
 #: No real header is larger (transformers' biggest shards carry ~1 MB); beyond it the file is not safetensors.
 _MAX_HEADER_BYTES = 100 << 20
+#: Seconds the hub probe waits for an answer (one request; transformers' own download then has its timeouts).
+HUB_PROBE_TIMEOUT_S = 5.0
 
 
 def hub_offline() -> bool:
@@ -87,8 +90,8 @@ def _check_folder(folder: Path) -> None:
 def check_model_source(name_or_path: str, key: str = KEY) -> None:
     """Refuse with one line what ``from_pretrained`` would fail on with a traceback (see the module doc).
 
-    A hub id that is not cached is left to transformers when online (it downloads); offline it is refused
-    here, before any lookup."""
+    A hub id that is not cached is probed once when online (:func:`probe_hub`), then left to transformers
+    (it downloads); offline it is refused here, before any lookup."""
     if not name_or_path or not name_or_path.strip():
         raise ConfigError(f"{key}: empty; name a Hugging Face checkpoint (org/name) or a local model folder")
     chain = adapter_chain(name_or_path)
@@ -101,13 +104,43 @@ def check_model_source(name_or_path: str, key: str = KEY) -> None:
             )
     elif not looks_like_hub_id(chain.base):
         raise ConfigError(f"{key}: {chain.base}: no such folder (and not a hub id of the form org/name)")
-    elif hub_offline() and not _cached(chain.base):
-        raise ConfigError(
-            f"{key}: {chain.base} is neither a local folder nor in the Hugging Face cache, and HF_HUB_OFFLINE "
-            "is set; download it once online, or name a local folder (a typo?)"
-        )
+    elif not _cached(chain.base):
+        if hub_offline():
+            raise ConfigError(
+                f"{key}: {chain.base} is neither a local folder nor in the Hugging Face cache, and HF_HUB_OFFLINE "
+                "is set; download it once online, or name a local folder (a typo?)"
+            )
+        probe_hub(chain.base, key)
     for folder in (*(Path(a) for a in chain.adapters), *([base] if base.is_dir() else [])):
         _check_folder(folder)
+
+
+def probe_hub(hub_id: str, key: str = KEY, timeout_s: float = HUB_PROBE_TIMEOUT_S) -> None:
+    """One request, no retries, before transformers' download (which retries an unreachable hub five times
+    and answers a typo with a traceback): a hub that cannot be reached, or that does not know ``hub_id``, is
+    one line naming the key. Any other answer is left to the download (it has the details)."""
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import constants, get_token
+
+    url = f"{constants.ENDPOINT.rstrip('/')}/api/models/{hub_id}"
+    token = get_token()  # not build_hf_headers(): it asks the hub for a registry first (a second request)
+    request = urllib.request.Request(url, headers={"authorization": f"Bearer {token}"} if token else {})
+    try:
+        urllib.request.urlopen(request, timeout=timeout_s).close()
+    except urllib.error.HTTPError as err:
+        if err.code in (401, 404):  # the hub answers 401 for an unknown id too, unless logged in
+            raise ConfigError(
+                f"{key}: {hub_id}: no such model on {constants.ENDPOINT} (a typo? a private or gated model needs "
+                "`hf auth login` or HF_TOKEN)"
+            ) from None
+    except (OSError, ValueError) as err:  # refused, unresolvable, timed out
+        reason = getattr(err, "reason", err)
+        raise ConfigError(
+            f"{key}: {hub_id}: cannot reach {constants.ENDPOINT} ({reason}); without a network, set "
+            "HF_HUB_OFFLINE=1 to use the Hugging Face cache, or name a local model folder"
+        ) from None
 
 
 @contextmanager
