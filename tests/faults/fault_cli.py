@@ -9,6 +9,7 @@ Rewards it registers (use them in ``rewards.weights``):
   fault_sleepy   sleeps SLEEP_S seconds on rank SLEEP_RANK at its first call (a hung rank)
   fault_kill     SIGKILLs its process at scoring call number KILL_AT_CALL (kill -9 mid-step)
   fault_signal   sends its process SIGNAL (SIGINT, SIGTERM, SIGUSR1) at scoring call SIGNAL_AT_CALL, mid-step
+                 (on rank SIGNAL_RANK only, when set)
 FAULT=kill-in-save:N SIGKILLs the process while it writes the checkpoint of step N, after every file but
 checkpoint.json is written (kill -9 mid-save).
 """
@@ -81,7 +82,8 @@ class Signal:
 
     def score(self, completions, records):
         self.calls += 1
-        if self.calls == int(os.environ.get("SIGNAL_AT_CALL", "0")):
+        on_this_rank = os.environ.get("SIGNAL_RANK") in (None, os.environ.get("RANK", "0"))
+        if on_this_rank and self.calls == int(os.environ.get("SIGNAL_AT_CALL", "0")):
             os.kill(os.getpid(), signal.Signals[os.environ["SIGNAL"]])
         return RewardResult(_lengths(completions))
 

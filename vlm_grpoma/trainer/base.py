@@ -39,7 +39,7 @@ from vlm_grpoma.trainer.checkpoint import (
     resume_plan,
     save_checkpoint,
 )
-from vlm_grpoma.trainer.collectives import collective, raise_on_every_rank
+from vlm_grpoma.trainer.collectives import barrier, collective, raise_on_every_rank
 from vlm_grpoma.trainer.engine import TrainingEngine, build_engine
 from vlm_grpoma.trainer.evaluation import EvalSet
 from vlm_grpoma.trainer.logging import MetricsLogger, reduce_metrics
@@ -383,6 +383,8 @@ class Trainer(ABC):
                     flush=True,
                 )
             self.engine.close()
+            # every rank exits together: DeepSpeed's launcher kills the other ranks as soon as one exits non-zero
+            barrier("the stop after a signal", self.config.train.dist_timeout_s)
             return STOPPED_EXIT_CODE
         if self.dist.is_main:
             skipped = (

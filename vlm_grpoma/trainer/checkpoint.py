@@ -73,7 +73,7 @@ from vlm_grpoma.run_layout import (
 from vlm_grpoma.trainer.checkpoint_manifest import FORMAT_VERSION, read_meta, verify_checkpoint
 from vlm_grpoma.trainer.checkpoint_manifest import build_manifest as _manifest
 from vlm_grpoma.trainer.checkpoint_manifest import rank as _rank
-from vlm_grpoma.trainer.collectives import collective
+from vlm_grpoma.trainer.collectives import barrier
 from vlm_grpoma.trainer.elastic import (
     ResumePlan,
     plan_resume,
@@ -99,12 +99,6 @@ class TrainerState:
     step: int
     data: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
-
-
-def _barrier(what: str, timeout_s: float | None) -> None:
-    if torch.distributed.is_initialized():
-        with collective(what, timeout_s):
-            torch.distributed.barrier()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -289,13 +283,13 @@ def _write(
     merge_lora: bool,
 ) -> None:
     rank, timeout_s = _rank(), engine.config.train.dist_timeout_s
-    barrier = f"the checkpoint barrier of step {state.step}"
+    wait = f"the checkpoint barrier of step {state.step}"
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         _tidy(root)
         tmp.mkdir()
         (tmp / RNG_DIR).mkdir()
-    _barrier(barrier, timeout_s)
+    barrier(wait, timeout_s)
     save_model(engine, tmp / MODEL_DIR, processor=processor, merge_lora=merge_lora)
     with _without_frozen_aliases(engine.deepspeed):
         engine.deepspeed.save_checkpoint(
@@ -308,7 +302,7 @@ def _write(
     torch.save(rng_state(), tmp / rng_file(rank))
     if rank == 0:
         torch.save(asdict(state), tmp / TRAINER_STATE_FILE)
-    _barrier(barrier, timeout_s)
+    barrier(wait, timeout_s)
     files = _manifest(tmp, timeout_s)
     if rank == 0:
         meta = {
@@ -337,7 +331,7 @@ def _write(
         fsync_dir(root)
         for older in list_checkpoints(root.parent)[:-keep_last]:
             shutil.rmtree(older)
-    _barrier(barrier, timeout_s)
+    barrier(wait, timeout_s)
 
 
 def _frozen_names(module: torch.nn.Module) -> set[str]:
@@ -479,7 +473,7 @@ def _set_aside(paths: list[tuple[Path, str]], prefix: str, outcome: str, timeout
     """Rank 0 renames each checkpoint to ``<prefix><name>`` (never resumed, never pruned) and says why."""
     if not paths:
         return
-    _barrier("the checkpoint check", timeout_s)  # every rank is done reading them
+    barrier("the checkpoint check", timeout_s)  # every rank is done reading them
     if _rank() != 0:
         return
     for path, why in paths:

@@ -44,6 +44,13 @@ def collective(what: str, timeout_s: float | None = None) -> Iterator[None]:
         ) from None
 
 
+def barrier(what: str, timeout_s: float | None = None) -> None:
+    """Wait for every rank (nothing without a process group), ``what`` naming the wait if a rank never comes."""
+    if torch.distributed.is_initialized():
+        with collective(what, timeout_s):
+            torch.distributed.barrier()
+
+
 def raise_on_every_rank(error: UserError | None, what: str, timeout_s: float | None = None) -> None:
     """Every rank calls with the error it met (or None); if any rank met one, every rank raises the error of the
     lowest such rank, so that a problem found on one rank (a locked folder, a damaged file) ends all of them

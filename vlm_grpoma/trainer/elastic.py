@@ -45,7 +45,7 @@ import torch
 from vlm_grpoma.errors import CheckpointError, UserError
 from vlm_grpoma.run_layout import DEEPSPEED_DIR, META_FILE, TMP_PREFIX, UNIVERSAL_DIR
 from vlm_grpoma.trainer.checkpoint_manifest import FORMAT_VERSION, build_manifest, rank, verify_checkpoint
-from vlm_grpoma.trainer.collectives import collective, raise_on_every_rank
+from vlm_grpoma.trainer.collectives import barrier, raise_on_every_rank
 from vlm_grpoma.trainer.run_dir import atomic_write_text, fsync_dir, storage_errors, storage_problem
 from vlm_grpoma.trainer.safe_load import safe_torch_loads
 
@@ -107,12 +107,6 @@ def plan_resume(
     return ResumePlan(saved_world, saved_stage, world, stage, universal)
 
 
-def _barrier(what: str, timeout_s: float | None) -> None:
-    if torch.distributed.is_initialized():
-        with collective(what, timeout_s):
-            torch.distributed.barrier()
-
-
 def _sha256(file: Path) -> str:
     return hashlib.sha256(file.read_bytes()).hexdigest()
 
@@ -164,7 +158,7 @@ def universal_folder(
             atomic_write_text(tmp / META_FILE, json.dumps(own, indent=1) + "\n")
             tmp.rename(final)
             fsync_dir(path)
-    _barrier("the universal checkpoint conversion", timeout_s)
+    barrier("the universal checkpoint conversion", timeout_s)
     return final, seconds
 
 
