@@ -382,12 +382,18 @@ def _rollout_server_args(p: argparse.ArgumentParser) -> None:
         "The engine is built from the run's config: model.* (checkpoint, dtype, pixel bounds), rollout.vllm.* "
         "(engine options, e.g. rollout.vllm.max_model_len=4096) and the log-prob mode; give the same --config "
         "the trainer runs with. One engine per server (tensor_parallel_size 1): start one per device and list "
-        "them all in the trainer's rollout.server.urls. No authentication: bind it to a trusted network."
+        "them all in the trainer's rollout.server.urls. With a token (--token-file, or the config's "
+        "rollout.server.token_file; the trainer names the same file) only signed requests are served; without "
+        "one the server listens on this machine only (a --host other than loopback is refused)."
     )
     p.add_argument("--config", help="the run's YAML config (its model and rollout.vllm sections)")
     p.add_argument("--model", help="checkpoint folder or hub id (instead of the config's model.name_or_path)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8400, help="port to listen on (0: any free port, printed)")
+    p.add_argument(
+        "--token-file",
+        help="file holding the shared secret (openssl rand -hex 32, chmod 600; instead of rollout.server.token_file)",
+    )
     p.add_argument(
         "overrides",
         nargs="*",

@@ -144,6 +144,10 @@ class RolloutServerConfig:
     #: longest wait for one server reply (a rollout, a weight push) in seconds before the run stops with a line
     #: naming the server; > 0 (TRL: vllm_server_timeout)
     timeout_s: float = checked(600.0, Range(gt=0, cap=1e6))
+    #: file holding the secret shared with the servers (`openssl rand -hex 32 > F; chmod 600 F`): every request
+    #: is signed with it and a server started with the same file refuses unsigned ones; empty: no token (the
+    #: server then listens on loopback only)
+    token_file: str = ""
 
 
 @dataclass

@@ -25,6 +25,7 @@ import torch
 from vlm_grpoma.errors import ConfigError, RolloutServerError
 from vlm_grpoma.models.base import PromptInputs
 from vlm_grpoma.rollout.base import full_module
+from vlm_grpoma.rollout.server.auth import read_token, signed_headers
 from vlm_grpoma.rollout.server.wire import (
     WireError,
     decode_tree,
@@ -84,6 +85,9 @@ class ServerRolloutEngine:
     stats: dict[str, float] = field(
         default_factory=dict
     )  # the last rollout's, as the server's engine counted
+    token: bytes | None = field(
+        default=None, repr=False
+    )  # rollout.server.token_file's secret: requests signed
     _pushed: tuple[bytes, str] | None = field(default=None, repr=False)  # the last push (body, digest)
     _pushed_to: str | None = None  # the boot id of the server that holds it
 
@@ -106,6 +110,7 @@ class ServerRolloutEngine:
             pusher=rank < len(urls),
             session=shared_session(world),
             tempered_logprobs=tempered,
+            token=read_token(config.rollout.server.token_file) if config.rollout.server.token_file else None,
         )
         engine.check_server()
         return engine
@@ -113,7 +118,8 @@ class ServerRolloutEngine:
     # -- transport ----------------------------------------------------------------------------------------
 
     def _send(self, method: str, path: str, body: bytes | None = None) -> bytes:
-        request = urllib.request.Request(self.url + path, data=body, method=method)
+        headers = {} if self.token is None else signed_headers(self.token, method, path, body or b"")
+        request = urllib.request.Request(self.url + path, data=body, method=method, headers=headers)
         where = f"rollout server {self.url}"
         try:
             with _OPENER.open(request, timeout=self.timeout_s) as response:
@@ -161,6 +167,15 @@ class ServerRolloutEngine:
     def check_server(self) -> None:
         """Refuse a server whose images or log-probs would differ from the trainer's: one line, the key."""
         health = self.health()
+        if health.get("auth") == "required":
+            raise RolloutServerError(
+                f"rollout server {self.url}: it serves only requests signed with its token"
+                + (
+                    ", and this one is not it (rollout.server.token_file: a different secret)"
+                    if self.token
+                    else "; set rollout.server.token_file to the file it was started with"
+                )
+            )
         self.device = str(health.get("device", "cpu"))
         ours = {
             "model.min_pixels": self.adapter.min_pixels,
@@ -204,10 +219,13 @@ class ServerRolloutEngine:
         self._pushed, self._pushed_to = (body, digest), str(reply.get("boot_id"))
 
     def _ensure_pushed(self) -> None:
-        """Repeat the last push to a server that restarted since (it holds the checkpoint's weights)."""
+        """Repeat the last push to a server that does not hold it: restarted since (it holds the checkpoint's
+        weights), or holding another session, version or digest (another run's push, or a failed reload)."""
         if not self.pusher or self._pushed is None:
             return
-        if self.health().get("boot_id") != self._pushed_to:
+        health = self.health()
+        holds = (health.get("boot_id"), health.get("session"), health.get("version"), health.get("digest"))
+        if holds != (self._pushed_to, self.session, self.version, self._pushed[1]):
             self._push(*self._pushed)
 
     # -- sampling -----------------------------------------------------------------------------------------
@@ -216,13 +234,22 @@ class ServerRolloutEngine:
         """The weights a request must be sampled with, and how long the server may wait for their push."""
         return {"session": self.session, "version": self.version, "wait_s": self.timeout_s / 2}
 
-    def _served(self, reply: dict[str, Any], prompts: Sequence[PromptInputs], path: str) -> ServedRollout:
+    def _served(
+        self, reply: dict[str, Any], prompts: Sequence[PromptInputs], path: str, needed: int
+    ) -> ServedRollout:
+        """The reply's tree, refused unless sampled with version ``needed`` or a newer push of this run."""
         try:
             tree = decode_tree(reply.get("tree"), prompts, f"reply to POST {path}")
         except WireError as err:
             raise RolloutServerError(f"rollout server {self.url}: {err}") from None
+        version = reply.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or not needed <= version <= self.version:
+            raise RolloutServerError(
+                f"rollout server {self.url}: POST {path} was sampled with weights version {version!r}, this rank "
+                f"asked for version {needed} (it has pushed {self.version})"
+            )
         stats = {str(k): float(v) for k, v in dict(reply.get("stats") or {}).items()}
-        return ServedRollout(tree, int(reply.get("version", -1)), stats)
+        return ServedRollout(tree, version, stats)
 
     def _received(self, served: ServedRollout) -> RolloutTree:
         self.sampled_version, self.stats = served.version, served.stats
@@ -235,7 +262,8 @@ class ServerRolloutEngine:
         only talks HTTP and changes nothing here, so another thread may make it (``train.async_rollout``)."""
         self._ensure_pushed()
         body = dumps({"prompts": encode_prompts(prompts), "params": encode_params(params), **self._needs()})
-        return lambda: self._served(self._call("/sample", body), prompts, "/sample")
+        needed = self.version
+        return lambda: self._served(self._call("/sample", body), prompts, "/sample", needed)
 
     def sample(self, prompts: Sequence[PromptInputs], params: SamplingParams) -> RolloutTree:
         return self._received(self.request_sample(prompts, params)())
@@ -249,6 +277,5 @@ class ServerRolloutEngine:
             "params": encode_params(params),
             **self._needs(),
         }
-        return self._received(
-            self._served(self._call("/sample_answers", payload), tree.prompts, "/sample_answers")
-        )
+        reply = self._call("/sample_answers", payload)
+        return self._received(self._served(reply, tree.prompts, "/sample_answers", self.version))

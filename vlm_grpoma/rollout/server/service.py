@@ -35,6 +35,7 @@ import torch
 
 from vlm_grpoma.config import Config, load_config, validate
 from vlm_grpoma.errors import ConfigError, UserError
+from vlm_grpoma.rollout.server.auth import RequestVerifier, is_loopback, read_token
 from vlm_grpoma.rollout.server.wire import (
     WireError,
     decode_params,
@@ -61,20 +62,48 @@ class NotReady(Exception):
 
 @dataclass
 class HeldWeights:
-    """The weights the engine holds: pushed by ``session`` at ``version`` (session None: the checkpoint's)."""
+    """The weights the engine holds: pushed by ``session`` at ``version`` (session None: the checkpoint's);
+    ``failed``: the last push did not load, so what the engine holds is unknown and nothing is served."""
 
     session: str | None = None
     version: int = 0
     digest: str = ""
     tensors: int = 0
+    failed: str = ""
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one request may ask of the server: body sizes by endpoint, and the longest wait for a push."""
+
+    weights_bytes: int = 64 << 20  # a /weights body: the model's parameters at 4 bytes each, and a margin
+    request_bytes: int = 256 << 20  # a /sample or /sample_answers body (prompts with their pixels)
+    max_wait_s: float = 3600.0
+
+    def body_bytes(self, path: str) -> int:
+        return self.weights_bytes if path == "/weights" else self.request_bytes
+
+    @classmethod
+    def for_parameters(cls, parameters: int) -> ServerLimits:
+        """Limits of a server whose model holds ``parameters`` (pushed in float32 at most, plus 10 % and 64 MiB
+        for names and framing)."""
+        return cls(weights_bytes=int(parameters * 4 * 1.1) + (64 << 20))
 
 
 class RolloutService:
     """The server's state: the engine (one call at a time) and the weights it holds."""
 
-    def __init__(self, engine: VLLMRolloutEngine, description: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        engine: VLLMRolloutEngine,
+        description: dict[str, Any],
+        limits: ServerLimits = ServerLimits(),
+        verifier: RequestVerifier | None = None,
+    ) -> None:
         self.engine = engine
         self.description = description
+        self.limits = limits
+        self.verifier = verifier  # None: no token, any caller (a loopback-only server)
         self.boot_id = uuid.uuid4().hex  # tells a client that this server restarted since its last push
         self.held = HeldWeights()
         self._changed = threading.Condition()
@@ -104,17 +133,27 @@ class RolloutService:
             held = dataclasses.asdict(self.held)
         return {**self.description, "boot_id": self.boot_id, **held}
 
+    def public_health(self) -> dict[str, Any]:
+        """What a caller without the token learns: the server is up and wants signed requests."""
+        return {"status": "ok", "auth": "required"}
+
     def _await(self, body: dict[str, Any], what: str) -> None:
         session = required(body, "session", str, what)
         version = required(body, "version", int, what)
         wait_s = float(required(body, "wait_s", (int, float), what))
+        if not 0 <= wait_s <= self.limits.max_wait_s:  # NaN fails too
+            raise WireError(
+                f"{what}: wait_s must be in [0, {self.limits.max_wait_s:g}] seconds, got {wait_s!r}"
+            )
         deadline = time.monotonic() + wait_s
         with self._changed:
-            while not (self.held.session == session and self.held.version >= version):
+            while self.held.failed or not (self.held.session == session and self.held.version >= version):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     holds = (
-                        f"version {self.held.version} of session {self.held.session}"
+                        f"no usable weights: {self.held.failed}"
+                        if self.held.failed
+                        else f"version {self.held.version} of session {self.held.session}"
                         if self.held.session
                         else "the checkpoint's weights (nothing pushed since it started)"
                     )
@@ -172,7 +211,13 @@ class RolloutService:
                 raise WireError(
                     f"{what}: version {version} is older than the held version {self.held.version}"
                 )
-            tensors = self.engine.load_weights(pairs)
+            try:
+                tensors = self.engine.load_weights(pairs)
+            except BaseException as err:  # the engine may hold some old and some new tensors: serve nothing
+                with self._changed:
+                    reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+                    self.held = HeldWeights(failed=f"the push of version {version} failed to load ({reason})")
+                raise
             with self._changed:
                 self.held = HeldWeights(session, version, digest, tensors)
                 self._changed.notify_all()
@@ -211,16 +256,43 @@ def handler_for(service: RolloutService) -> type[BaseHTTPRequestHandler]:
         def _error(self, code: int, message: str) -> None:
             self._reply(code, json.dumps({"error": message}).encode(), "application/json")
 
+        def _body(self) -> bytes | None:
+            """The request's body, read only within its endpoint's limit (None: refused, answered)."""
+            length = self.headers.get("Content-Length")
+            if self.command == "GET" and length is None:
+                return b""
+            if length is None or not length.isdigit() or not length.isascii():
+                self._error(411, "a request needs a Content-Length header of digits")
+                return None
+            limit = service.limits.body_bytes(self.path)
+            if int(length) > limit:
+                self._error(
+                    413, f"a {self.command} {self.path} body may hold {limit} bytes, this one {length}"
+                )
+                return None
+            return self.rfile.read(int(length))
+
         def _route(self) -> None:
+            self.close_connection = True  # one request per connection: no idle connection holds a thread
             route = routes.get((self.command, self.path))
             if route is None:
                 self._error(404, f"no endpoint {self.command} {self.path}")
+                return
+            body = self._body()
+            if body is None:
+                return
+            verifier = service.verifier
+            refusal = verifier and verifier.refusal(self.command, self.path, self.headers, body)
+            if refusal and route == service.health:
+                self._reply(200, json.dumps(service.public_health()).encode(), "application/json")
+                return
+            if refusal:
+                self._error(401, refusal)
                 return
             try:
                 if self.command == "GET":
                     self._reply(200, json.dumps(route(None)).encode(), "application/json")
                     return
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 reply = route(loads(body, f"{self.command} {self.path}"))
             except Exception as err:
                 code = _status(err)
@@ -235,7 +307,8 @@ def handler_for(service: RolloutService) -> type[BaseHTTPRequestHandler]:
         do_GET = do_POST = _route
 
         def log_message(self, format: str, *args: Any) -> None:
-            sys.stderr.write(f"rollout server: {self.command} {self.path} {format % args}\n")
+            line = f"{self.command} {self.path} {format % args}"
+            sys.stderr.write(f"rollout server: {line.encode('unicode_escape').decode('ascii')}\n")
 
     return Handler
 
@@ -261,9 +334,11 @@ def serve(service: RolloutService, host: str, port: int) -> None:
         server.server_close()
 
 
-def build_service(config: Config) -> RolloutService:
-    """The vLLM engine of ``config`` (model, pixel bounds, ``rollout.vllm``) in this process, alone."""
+def build_service(config: Config, verifier: RequestVerifier | None = None) -> RolloutService:
+    """The vLLM engine of ``config`` (model, pixel bounds, ``rollout.vllm``) in this process, alone; its body
+    limits from the model's parameter count."""
     from vlm_grpoma.models.registry import load_adapter
+    from vlm_grpoma.planning.model_stats import model_stats
     from vlm_grpoma.rollout.backends import vllm_options
     from vlm_grpoma.rollout.vllm import VLLMRolloutEngine
 
@@ -291,7 +366,25 @@ def build_service(config: Config) -> RolloutService:
         "max_pixels": adapter.max_pixels,
         "tempered_logprobs": options.tempered_logprobs,
     }
-    return RolloutService(engine, description)
+    limits = ServerLimits.for_parameters(model_stats(config).total)
+    return RolloutService(engine, description, limits, verifier)
+
+
+def server_verifier(config: Config, host: str, token_file: str | None) -> RequestVerifier | None:
+    """The verifier of the server's token (``--token-file``, else ``rollout.server.token_file``); without one,
+    a ``host`` other machines can reach is refused in one line."""
+    path = token_file or config.rollout.server.token_file
+    if path:
+        return RequestVerifier(
+            read_token(path, "--token-file" if token_file else "rollout.server.token_file")
+        )
+    if not is_loopback(host):
+        raise ConfigError(
+            f"--host {host}: other machines can reach this address, and without a token anyone who does can "
+            "replace the model or stall the run; give --token-file (and the trainer the same "
+            "rollout.server.token_file), or listen on 127.0.0.1"
+        )
+    return None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -300,5 +393,6 @@ def main(args: argparse.Namespace) -> int:
     if args.model:
         config = replace(config, model=replace(config.model, name_or_path=args.model))
     validate(config)
-    serve(build_service(config), args.host, args.port)
+    verifier = server_verifier(config, args.host, getattr(args, "token_file", None))
+    serve(build_service(config, verifier), args.host, args.port)
     return 0
