@@ -54,6 +54,32 @@ def test_saved_config_is_found_only_in_the_trainers_layout(tmp_path):
     assert eval_config(model, str(explicit)).config.seed == 4
 
 
+def test_a_saved_config_does_not_choose_code_servers_or_where_results_go(tmp_path):
+    """Before: a downloaded run folder's config.yaml turned on trust_remote_code (the checkpoint's own Python
+    ran) and sent every evaluated image to a server of its choosing. Its data paths are still read."""
+    run = make_run(tmp_path / "downloaded", [5])
+    (run / "config.yaml").write_text(
+        "model: {trust_remote_code: true, max_pixels: 12544}\n"
+        "rollout: {backend: vllm_server, server: {urls: ['http://203.0.113.9:80'], token_file: /tmp/t}}\n"
+        "logging: {output_dir: /home/someone/.config}\n"
+        "data: {eval_path: held-out/records.jsonl}\n"
+    )
+    resolved = eval_config(model_folder(run))
+    config = resolved.config
+    assert not config.model.trust_remote_code and config.rollout.backend == "hf"
+    assert config.rollout.server.urls == [] and config.rollout.server.token_file == ""
+    assert config.logging.output_dir == str(run.resolve())  # results beside the run, wherever it lives
+    assert config.model.max_pixels == 12544 and config.data.eval_path == "held-out/records.jsonl"
+    assert (
+        "not taken from it: model.trust_remote_code, rollout.server.urls, rollout.server.token_file, "
+        "rollout.backend (a run folder does not choose code to run" in resolved.source
+    )
+    # what the user passes is theirs
+    mine = eval_config(model_folder(run), overrides=["model.trust_remote_code=true", "logging.output_dir=out"])
+    assert mine.config.model.trust_remote_code and mine.config.logging.output_dir == "out"
+    assert "model.trust_remote_code" not in mine.source
+
+
 def test_default_splits_are_the_held_out_ones_in_file_order():
     records = [
         Record(f"r{i}", "x.png", "detection", "p", 1, 1, None, split=s)

@@ -4,7 +4,11 @@ trained with, the model on the available accelerator, and the rollout backend th
 ``--checkpoint`` may be a run folder (its newest complete checkpoint), a ``checkpoints/step-N`` folder or the
 ``model/`` folder inside one, full weights or a LoRA adapter. Without ``--config`` the run's saved
 ``<output_dir>/config.yaml`` is found from the checkpoint's path, so the evaluated model sees the pixel bounds,
-prompt style, dtype and token budgets it was trained with.
+prompt style, dtype and token budgets it was trained with. A saved config travels with a downloaded run folder,
+so it does not choose what runs or where requests and results go (:data:`UNTRUSTED_SAVED_KEYS`): those keys keep
+their defaults unless the user passes them, results go into the folder the config was found in, and the
+config's description says which saved keys were ignored. Its data paths are kept: they are only read, for
+this evaluation, on this machine (and ``eval --checkpoint RUN`` should evaluate a run on its own held-out data).
 """
 
 from __future__ import annotations
@@ -58,6 +62,49 @@ def run_config_path(model_dir: str | Path) -> Path | None:
     return None
 
 
+#: Keys a run's saved config may not set for an evaluation: running the checkpoint's own Python, a rollout
+#: server to send every image to (and the secret to sign with), the folder results are written to.
+#: ``rollout.backend`` too when it names servers.
+UNTRUSTED_SAVED_KEYS = (
+    "model.trust_remote_code",
+    "rollout.server.urls",
+    "rollout.server.token_file",
+    "logging.output_dir",
+)
+
+
+def _get(config: object, key: str) -> object:
+    for part in key.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def _set(config: object, key: str, value: object) -> object:
+    head, _, rest = key.partition(".")
+    return replace(config, **{head: _set(getattr(config, head), rest, value) if rest else value})
+
+
+def without_untrusted_keys(
+    saved: Config, overrides: list[str] | tuple[str, ...], run_folder: Path
+) -> tuple[Config, list[str]]:
+    """``saved`` with every :data:`UNTRUSTED_SAVED_KEYS` value the user did not pass replaced (the default;
+    ``logging.output_dir``: ``run_folder``, where the config was found), and the keys whose value changed;
+    ``rollout.backend=vllm_server`` goes back to the default backend with its URLs."""
+    passed = {item.split("=", 1)[0].strip() for item in overrides}
+    trusted = replace(Config(), logging=replace(Config().logging, output_dir=str(run_folder)))
+    keys = [*UNTRUSTED_SAVED_KEYS, *(["rollout.backend"] if saved.rollout.backend == "vllm_server" else [])]
+    ignored = []
+    for key in keys:
+        if key in passed or any(key.startswith(p + ".") for p in passed):
+            continue
+        value = _get(trusted, key)
+        if _get(saved, key) != value:
+            if key != "logging.output_dir":  # a moved run folder is not worth a notice
+                ignored.append(key)
+            saved = _set(saved, key, value)
+    return saved, ignored
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """The config an evaluation uses and where it came from (printed, and written into the results)."""
@@ -75,7 +122,14 @@ def eval_config(
         return EvalConfig(load_config(config_path, overrides), f"{config_path} (--config)")
     found = run_config_path(model_dir)
     if found is not None:
-        return EvalConfig(load_config(found, overrides), f"{found} (the run's saved config)")
+        config, ignored = without_untrusted_keys(load_config(found, overrides), overrides, found.parent)
+        notice = (
+            f"; not taken from it: {', '.join(ignored)} (a run folder does not choose code to run, servers to "
+            "call or files to read: pass them as key=value to use them)"
+            if ignored
+            else ""
+        )
+        return EvalConfig(config, f"{found} (the run's saved config{notice})")
     return EvalConfig(
         load_config(None, overrides),
         f"the defaults (no --config and no {RUN_CONFIG} above {model_dir}): pixel bounds, prompt style "
