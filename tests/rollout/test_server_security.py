@@ -11,8 +11,10 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import os
 import socket
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -36,6 +38,7 @@ from vlm_grpoma.rollout.server.auth import (
 )
 from vlm_grpoma.rollout.server.client import ServerRolloutEngine
 from vlm_grpoma.rollout.server.service import (
+    BoundedHTTPServer,
     RolloutService,
     ServerLimits,
     handler_for,
@@ -111,10 +114,10 @@ class RunningServer:
 
 
 @contextmanager
-def running(loaded, token: bytes | None = TOKEN, limits: ServerLimits | None = None):
-    """The real handler and service on a loopback port; the engine loop on a thread."""
-    from http.server import ThreadingHTTPServer
-
+def running(
+    loaded, token: bytes | None = TOKEN, limits: ServerLimits | None = None, max_connections: int = 64
+):
+    """The real handler, service and server class on a loopback port; the engine loop on a thread."""
     model, prompts = loaded
     sampler = HFRolloutEngine.for_adapter(model.model, model.adapter)
     engine = StandInEngine(sampler, {p.record.id: p for p in prompts})
@@ -122,8 +125,7 @@ def running(loaded, token: bytes | None = TOKEN, limits: ServerLimits | None = N
     description |= {"min_pixels": model.adapter.min_pixels, "max_pixels": model.adapter.max_pixels}
     verifier = RequestVerifier(token) if token else None
     service = RolloutService(engine, description, limits or ServerLimits(), verifier)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(service))
-    server.daemon_threads = True
+    server = BoundedHTTPServer(("127.0.0.1", 0), handler_for(service), max_connections)
     stop = threading.Event()
     threads = [
         threading.Thread(target=server.serve_forever, daemon=True),
@@ -352,3 +354,182 @@ def test_the_request_log_escapes_what_the_caller_wrote(loaded, capfd):
     assert "\x1b[31m" not in err and all(
         line.startswith("rollout server: ") for line in err.splitlines() if line.strip()
     )
+
+
+# -- what one request may ask for -------------------------------------------------------------------------------
+
+
+def _sample_body(loaded, params: dict | None = None, **fields) -> bytes:
+    payload = {
+        "prompts": encode_prompts(loaded[1]),
+        "params": {**encode_params(PARAMS), **(params or {})},
+        "session": "s",
+        "version": 0,
+        "wait_s": 0.0,
+    }
+    return dumps(payload | fields)
+
+
+def test_sampling_requests_are_bounded_by_the_servers_own_limits(loaded):
+    """Before: any K, M, token budget, prompt count or image size went to the engine as asked."""
+    limits = ServerLimits(max_prompts=1, max_answers_per_prompt=8, context_tokens=4096, max_pixels=64 * 64)
+    with running(loaded, token=None, limits=limits) as server:
+        two = encode_prompts(loaded[1]) * 2
+        cases = {
+            "2 prompts; send 1 to 1": _sample_body(loaded, prompts=two),
+            "0 prompts": _sample_body(loaded, prompts=[]),
+            "16 answers per prompt; this server samples at most 8": _sample_body(loaded, {"num_thoughts": 8}),
+            "exceed the engine's context of 4096": _sample_body(loaded, {"max_thought_tokens": 4090}),
+            "params.num_thoughts must be int, got 2.0": _sample_body(loaded, {"num_thoughts": 2.0}),
+            "params.ignore_stop must be bool, got 1": _sample_body(loaded, {"ignore_stop": 1}),
+            "params.temperature must be float, got nan": _sample_body(loaded, {"temperature": math.nan}),
+            "'version' is bool": _sample_body(loaded, version=True),
+        }
+        big = dict(encode_prompts(loaded[1])[0], image=torch.zeros(100, 100, 3, dtype=torch.uint8))
+        cases["a 100x100 image; this server's model.max_pixels is 4096"] = _sample_body(loaded, prompts=[big])
+        for expected, body in cases.items():
+            status, reply = server.request("POST", "/sample", body)
+            assert status == 400 and expected in reply["error"], (expected, reply)
+        assert server.engine.loads == []
+
+
+def test_bodies_that_would_grow_when_read_are_refused(loaded):
+    """A stride-0 view (one element claiming a billion) and a compressed archive entry (a zip bomb's way to
+    grow) are refused before anything is allocated from them."""
+    import io
+    import zipfile
+
+    from vlm_grpoma.rollout.server.wire import WireError, loads
+
+    huge_view = torch.zeros(1).expand(10**9)
+    with pytest.raises(WireError, match=r"a tensor of shape \(1000000000,\) that its data does not fill"):
+        loads(dumps({"counts": huge_view}), "POST /sample_answers")
+    honest = dumps({"x": torch.zeros(4)})
+    with zipfile.ZipFile(io.BytesIO(honest)) as archive:
+        entries = [(info, archive.read(info)) for info in archive.infolist()]
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for info, data in entries:
+            archive.writestr(info.filename, data, compress_type=zipfile.ZIP_DEFLATED)
+    with pytest.raises(WireError, match=r"not a rollout-server body \(a compressed entry\)"):
+        loads(packed.getvalue(), "POST /weights")
+    assert torch.equal(loads(honest, "t")["x"], torch.zeros(4))
+
+
+def test_answer_counts_are_integers_within_the_cap(loaded):
+    limits = ServerLimits(max_answers_per_prompt=8)
+    for counts, message in (
+        (torch.tensor([[1.0, 2.0]]), "counts must be an integer tensor"),
+        (torch.tensor([[-1, 2]]), r"counts must lie in \[0, 8\]"),
+        (torch.tensor([[9, 0]]), r"counts must lie in \[0, 8\]"),
+    ):
+        with pytest.raises(Exception, match=message):
+            limits.check_counts(counts, "POST /sample_answers")
+    assert limits.check_counts(torch.tensor([[3, 4], [8, 0]]), "t") == 8
+
+
+def test_a_push_landing_between_the_wait_and_the_engine_job_is_caught(loaded):
+    """The engine thread checks the held weights again: another run's push may land after a request's wait."""
+    from vlm_grpoma.rollout.server.service import HeldWeights, NotReady
+
+    with running(loaded, token=None) as server:
+        service = server.service
+        service.held = HeldWeights(session="mine", version=3)
+        assert service._serving("mine", 2, "POST /sample") == 3
+        service.held = HeldWeights(session="another run", version=9)
+        with pytest.raises(NotReady, match="the weights changed while the request waited"):
+            service._serving("mine", 2, "POST /sample")
+
+
+def test_a_server_error_reply_is_generic_and_the_traceback_stays_in_its_log(loaded, token_file, capfd):
+    with running(loaded) as server:
+        trainer = client(loaded, server, token_file)
+        server.engine.fail_next_load = True
+        with pytest.raises(RolloutServerError) as raised:
+            trainer.update_weights(loaded[0].model)
+    message = str(raised.value)
+    assert "internal error (RuntimeError) in POST /weights; see the server log" in message
+    assert "size mismatch" not in message and "size mismatch" in capfd.readouterr().err
+
+
+def test_a_thousand_hostile_requests_get_one_line_4xx_replies_and_leave_nothing_running(loaded):
+    """Random methods, paths, headers and bodies (bounded, loopback): every reply is a 4xx with one line, no
+    request thread outlives its reply, and the server's memory stays bounded."""
+    import random
+
+    rng = random.Random(0)
+    valid = _sample_body(loaded)
+    bodies = [
+        b"",
+        b"{}",
+        valid[: len(valid) // 2],
+        valid[::-1],
+        bytes(rng.randrange(256) for _ in range(512)),
+        dumps({"prompts": "x"}),
+        dumps({"prompts": [{"input_ids": torch.zeros(3)}]}),
+        dumps({"weights": [("w", "not a tensor")], "session": "s", "version": 1, "digest": "d"}),
+    ]
+    paths = ["/sample", "/sample_answers", "/weights", "/health", "/../etc", "/%00", "/" + "a" * 2000]
+
+    def rss_mib() -> float:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    with running(loaded) as server:
+        threads, memory = threading.active_count(), rss_mib()
+        for _ in range(1000):
+            method = rng.choice(["POST", "POST", "POST", "GET", "PUT", "DELETE"])
+            body = rng.choice(bodies)
+            headers = rng.choice([{}, {"Content-Length": str(rng.choice([0, len(body), 2**40]))}])
+            if rng.random() < 0.3:  # signed, but for another endpoint or body
+                headers |= signed_headers(TOKEN, method, rng.choice(paths), b"x")
+            status, reply = server.request(method, rng.choice(paths), body, headers)
+            if method == "GET" and status == 200:
+                assert reply == {"status": "ok", "auth": "required"}
+                continue
+            assert 400 <= status < 500, (method, status, reply)
+            assert isinstance(reply, dict) and "\n" not in reply["error"], reply
+        for _ in range(50):  # request threads end with their connection
+            if threading.active_count() <= threads:
+                break
+            threading.Event().wait(0.1)
+        assert threading.active_count() <= threads
+        assert rss_mib() - memory < 200
+        assert server.engine.loads == [] and server.service.held.session is None
+
+
+def _raw(port: int, data: bytes, timeout: float = 30) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw:
+        raw.sendall(data)
+        return raw.recv(4096)
+
+
+def test_malformed_request_lines_get_json_lines_and_silent_callers_are_dropped(loaded, monkeypatch):
+    """Before: a malformed request line crashed the handler's own logging (a traceback per request), and a
+    caller that sent half a request held its thread forever."""
+    from vlm_grpoma.rollout.server import service as server_module
+
+    monkeypatch.setattr(server_module, "CONNECTION_TIMEOUT_S", 1.0)
+    with running(loaded, token=None) as server:
+        for line, message in (
+            (b"GARBAGE", b"Bad request syntax"),
+            (b"GET / HTTP/9.9", b"Invalid HTTP version"),
+        ):
+            assert message in _raw(server.port, line + b"\r\n\r\n")
+        started = time.monotonic()
+        assert _raw(server.port, b"\x16\x03\x01\x02\x00") == b""  # half a TLS hello, then silence
+        assert time.monotonic() - started < 5
+
+
+def test_connections_beyond_the_bound_are_refused_at_once(loaded):
+    with running(loaded, token=None, max_connections=2) as server:
+        held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
+        try:
+            time.sleep(0.2)
+            reply = _raw(server.port, b"GET /health HTTP/1.1\r\n\r\n")
+            assert reply.startswith(b"HTTP/1.1 503") and b"too many connections" in reply
+        finally:
+            for connection in held:
+                connection.close()
+        time.sleep(0.2)
+        assert server.request("GET", "/health")[0] == 200

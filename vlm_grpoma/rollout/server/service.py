@@ -36,6 +36,7 @@ import torch
 from vlm_grpoma.config import Config, load_config, validate
 from vlm_grpoma.errors import ConfigError, UserError
 from vlm_grpoma.rollout.server.auth import RequestVerifier, is_loopback, read_token
+from vlm_grpoma.rollout.server.limits import ServerLimits
 from vlm_grpoma.rollout.server.wire import (
     WireError,
     decode_params,
@@ -52,6 +53,10 @@ from vlm_grpoma.rollout.server.wire import (
 if TYPE_CHECKING:
     from vlm_grpoma.rollout.vllm import VLLMRolloutEngine
 
+#: Seconds a connection may stay silent mid-request before the server drops it.
+CONNECTION_TIMEOUT_S = 60.0
+#: Connections served at once; the next is answered 503 (a trainer rank holds one at a time).
+MAX_CONNECTIONS = 64
 #: Launcher variables a server must not inherit: it is a lone process, not a rank of the training job.
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -72,24 +77,6 @@ class HeldWeights:
     failed: str = ""
 
 
-@dataclass(frozen=True)
-class ServerLimits:
-    """What one request may ask of the server: body sizes by endpoint, and the longest wait for a push."""
-
-    weights_bytes: int = 64 << 20  # a /weights body: the model's parameters at 4 bytes each, and a margin
-    request_bytes: int = 256 << 20  # a /sample or /sample_answers body (prompts with their pixels)
-    max_wait_s: float = 3600.0
-
-    def body_bytes(self, path: str) -> int:
-        return self.weights_bytes if path == "/weights" else self.request_bytes
-
-    @classmethod
-    def for_parameters(cls, parameters: int) -> ServerLimits:
-        """Limits of a server whose model holds ``parameters`` (pushed in float32 at most, plus 10 % and 64 MiB
-        for names and framing)."""
-        return cls(weights_bytes=int(parameters * 4 * 1.1) + (64 << 20))
-
-
 class RolloutService:
     """The server's state: the engine (one call at a time) and the weights it holds."""
 
@@ -97,12 +84,12 @@ class RolloutService:
         self,
         engine: VLLMRolloutEngine,
         description: dict[str, Any],
-        limits: ServerLimits = ServerLimits(),
+        limits: ServerLimits | None = None,
         verifier: RequestVerifier | None = None,
     ) -> None:
         self.engine = engine
         self.description = description
-        self.limits = limits
+        self.limits = limits or ServerLimits()
         self.verifier = verifier  # None: no token, any caller (a loopback-only server)
         self.boot_id = uuid.uuid4().hex  # tells a client that this server restarted since its last push
         self.held = HeldWeights()
@@ -137,7 +124,18 @@ class RolloutService:
         """What a caller without the token learns: the server is up and wants signed requests."""
         return {"status": "ok", "auth": "required"}
 
-    def _await(self, body: dict[str, Any], what: str) -> None:
+    def _holds(self, session: str, version: int) -> bool:
+        return not self.held.failed and self.held.session == session and self.held.version >= version
+
+    def _serving(self, session: str, version: int, what: str) -> int:
+        """The held version, checked again on the engine thread: a push of another run (or one that failed)
+        may have landed between the wait and this job."""
+        if not self._holds(session, version):
+            raise NotReady(f"{what}: the weights changed while the request waited; ask again")
+        return self.held.version
+
+    def _await(self, body: dict[str, Any], what: str) -> tuple[str, int]:
+        """The (session, version) a request needs, once the server holds them (bounded wait)."""
         session = required(body, "session", str, what)
         version = required(body, "version", int, what)
         wait_s = float(required(body, "wait_s", (int, float), what))
@@ -147,7 +145,7 @@ class RolloutService:
             )
         deadline = time.monotonic() + wait_s
         with self._changed:
-            while self.held.failed or not (self.held.session == session and self.held.version >= version):
+            while not self._holds(session, version):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     holds = (
@@ -162,17 +160,17 @@ class RolloutService:
                         f"the server holds {holds}"
                     )
                 self._changed.wait(left)
+        return session, version
 
     def sample(self, body: dict[str, Any]) -> dict[str, Any]:
         what = "POST /sample"
         prompts = decode_prompts(body.get("prompts"), what)
         params = decode_params(body.get("params"), what)
-        self._await(body, what)
+        self.limits.check_sampling(prompts, params, what)
+        session, needed = self._await(body, what)
 
-        def job() -> dict[
-            str, Any
-        ]:  # pushes are engine jobs too: the version read here is the one sampled with
-            version = self.held.version
+        def job() -> dict[str, Any]:  # pushes are engine jobs too: the version checked here is sampled with
+            version = self._serving(session, needed, what)
             tree = self.engine.sample(prompts, params)
             return {"tree": encode_tree(tree), "version": version, "stats": dict(self.engine.stats)}
 
@@ -188,10 +186,11 @@ class RolloutService:
             raise WireError(
                 f"{what}: counts has shape {tuple(counts.shape)}, the tree [B, K] = {tree.shape[:2]}"
             )
-        self._await(body, what)
+        self.limits.check_sampling(prompts, params, what, answers=self.limits.check_counts(counts, what))
+        session, needed = self._await(body, what)
 
         def job() -> dict[str, Any]:
-            version = self.held.version
+            version = self._serving(session, needed, what)
             extra = self.engine.sample_answers(tree, counts, params)
             return {"tree": encode_tree(extra), "version": version, "stats": dict(self.engine.stats)}
 
@@ -245,6 +244,7 @@ def handler_for(service: RolloutService) -> type[BaseHTTPRequestHandler]:
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = CONNECTION_TIMEOUT_S  # a caller silent this long mid-request is dropped (no pinned thread)
 
         def _reply(self, code: int, body: bytes, kind: str) -> None:
             self.send_response(code)
@@ -255,6 +255,14 @@ def handler_for(service: RolloutService) -> type[BaseHTTPRequestHandler]:
 
         def _error(self, code: int, message: str) -> None:
             self._reply(code, json.dumps({"error": message}).encode(), "application/json")
+
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            """The standard library's own refusals (a malformed request line, an unsupported method) as JSON
+            lines too, not HTML pages; an unsupported method is 405."""
+            self.close_connection = True
+            if code == 501:
+                code, message = 405, f"no endpoint {self.command} {getattr(self, 'path', '')}"
+            self._error(code, message or f"bad request ({code})")
 
         def _body(self) -> bytes | None:
             """The request's body, read only within its endpoint's limit (None: refused, answered)."""
@@ -296,28 +304,59 @@ def handler_for(service: RolloutService) -> type[BaseHTTPRequestHandler]:
                 reply = route(loads(body, f"{self.command} {self.path}"))
             except Exception as err:
                 code = _status(err)
-                if code == 500:  # a server-side bug or engine failure: keep the traceback in the server log
+                if code == 500:  # a server-side bug or engine failure: the traceback stays in the server log
                     traceback.print_exc()
-                self._error(
-                    code, " ".join(f"{type(err).__name__}: {err}".split()) if code == 500 else str(err)
-                )
+                    message = f"internal error ({type(err).__name__}) in {self.command} {self.path}; see the server log"
+                else:
+                    message = " ".join(str(err).split())
+                self._error(code, message)
                 return
             self._reply(200, dumps(reply), "application/octet-stream")
 
         do_GET = do_POST = _route
 
         def log_message(self, format: str, *args: Any) -> None:
-            line = f"{self.command} {self.path} {format % args}"
+            line = f"{self.client_address[0]} {format % args}"  # the request line is among the args
             sys.stderr.write(f"rollout server: {line.encode('unicode_escape').decode('ascii')}\n")
 
     return Handler
 
 
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` at once: the next is answered 503 and closed."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type, max_connections: int = MAX_CONNECTIONS):
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            body = b'{"error": "too many connections; try again"}'
+            try:
+                request.sendall(
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 def serve(service: RolloutService, host: str, port: int) -> None:
     """Answer requests until interrupted (Ctrl-C; SIGTERM's default ends the process): HTTP on a thread, the
     engine on this one."""
-    server = ThreadingHTTPServer((host, port), handler_for(service))
-    server.daemon_threads = True
+    server = BoundedHTTPServer((host, port), handler_for(service))
     threading.Thread(target=server.serve_forever, name="rollout-server-http", daemon=True).start()
     print(
         f"rollout server: {service.description['model']} on {service.description['device']}, "
@@ -341,6 +380,7 @@ def build_service(config: Config, verifier: RequestVerifier | None = None) -> Ro
     from vlm_grpoma.planning.model_stats import model_stats
     from vlm_grpoma.rollout.backends import vllm_options
     from vlm_grpoma.rollout.vllm import VLLMRolloutEngine
+    from vlm_grpoma.rollout.vllm.options import context_length
 
     options = vllm_options(config, config.model.dtype)
     if options.tensor_parallel_size != 1:
@@ -366,7 +406,10 @@ def build_service(config: Config, verifier: RequestVerifier | None = None) -> Ro
         "max_pixels": adapter.max_pixels,
         "tempered_logprobs": options.tempered_logprobs,
     }
-    limits = ServerLimits.for_parameters(model_stats(config).total)
+    context = options.max_model_len or context_length(
+        config.model.name_or_path, config.model.trust_remote_code
+    )
+    limits = ServerLimits.for_model(model_stats(config).total, context, adapter.max_pixels)
     return RolloutService(engine, description, limits, verifier)
 
 

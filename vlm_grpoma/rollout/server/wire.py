@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import math
 import warnings
+import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,8 +54,41 @@ def dumps(payload: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
+def _check_archive(body: bytes, what: str) -> None:
+    """``torch.save`` stores its entries uncompressed: a compressed entry (a zip bomb's way to grow) or entries
+    larger in sum than the body are refused before anything is unpacked."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(body)) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError):
+        return  # not an archive at all: torch.load names it below
+    if any(e.compress_type != zipfile.ZIP_STORED for e in entries):
+        raise WireError(f"{what}: not a rollout-server body (a compressed entry)")
+    if sum(e.file_size for e in entries) > len(body):
+        raise WireError(f"{what}: not a rollout-server body (entries larger than the body)")
+
+
+def _check_tensors(value: Any, what: str, depth: int = 0) -> None:
+    """Every tensor a body holds is dense and backed by its own bytes: a stride-0 view of one element that
+    claims billions would be allocated in full by the first copy."""
+    if depth > 32:
+        raise WireError(f"{what}: nested deeper than 32 levels")
+    if isinstance(value, torch.Tensor):
+        if not value.is_contiguous() or (
+            value.numel() and value.untyped_storage().nbytes() < value.numel() * value.element_size()
+        ):
+            raise WireError(f"{what}: a tensor of shape {tuple(value.shape)} that its data does not fill")
+    elif isinstance(value, dict):
+        for item in value.values():
+            _check_tensors(item, what, depth + 1)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _check_tensors(item, what, depth + 1)
+
+
 def loads(body: bytes, what: str) -> dict[str, Any]:
     """A body written by :func:`dumps`; anything else is a :class:`WireError` naming ``what``."""
+    _check_archive(body, what)
     try:
         with warnings.catch_warnings():  # a foreign pickle's protocol warning: the error below says it all
             warnings.simplefilter("ignore")
@@ -62,17 +97,22 @@ def loads(body: bytes, what: str) -> dict[str, Any]:
         raise WireError(f"{what}: not a rollout-server body ({type(err).__name__}: {err})") from None
     if not isinstance(payload, dict):
         raise WireError(f"{what}: expected a mapping, got {type(payload).__name__}")
+    _check_tensors(payload, what)
     return payload
 
 
 def required(payload: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
-    """``payload[name]``, checked to be a ``kind``."""
+    """``payload[name]``, checked to be a ``kind`` (a bool is not an int here)."""
     if name not in payload:
         raise WireError(f"{what}: missing {name!r}")
     value = payload[name]
-    if not isinstance(value, kind):
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
         raise WireError(f"{what}: {name!r} is {type(value).__name__}")
     return value
+
+
+def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
 
 
 def encode_prompts(prompts: Sequence[PromptInputs]) -> list[dict[str, Any]]:
@@ -99,7 +139,10 @@ def decode_prompts(rows: Any, what: str) -> list[ServedPrompt]:
         if ids.dim() != 1 or ids.dtype != torch.long:
             raise WireError(f"{part}: input_ids must be a 1-d long tensor")
         if image is not None and not (
-            isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and image.dim() == 3
+            isinstance(image, torch.Tensor)
+            and image.dtype == torch.uint8
+            and image.dim() == 3
+            and image.shape[-1] == 3
         ):
             raise WireError(f"{part}: image must be a uint8 [H, W, 3] tensor or None")
         prompts.append(
@@ -120,13 +163,31 @@ def decode_params(value: Any, what: str) -> SamplingParams:
     """Sampling parameters, range-checked by their own constructor (its message names the field)."""
     if not isinstance(value, dict):
         raise WireError(f"{what}: 'params' is not a mapping")
-    names = {f.name for f in dataclasses.fields(SamplingParams)}
-    if unknown := sorted(set(value) - names):
+    fields = {f.name: f.type for f in dataclasses.fields(SamplingParams)}
+    if unknown := sorted(set(value) - set(fields)):
         raise WireError(f"{what}: unknown sampling parameters {unknown}")
+    for name, given in value.items():
+        if not _of_type(given, str(fields[name])):
+            raise WireError(f"{what}: params.{name} must be {fields[name]}, got {given!r}")
     try:
         return SamplingParams(**value)
     except (TypeError, ValueError) as err:
         raise WireError(f"{what}: {err}") from None
+
+
+def _of_type(value: Any, annotation: str) -> bool:
+    """``value`` fits a SamplingParams annotation: ints are ints (not bools), floats finite numbers."""
+    if value is None:
+        return "None" in annotation
+    if annotation.startswith("bool"):
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if annotation.startswith("int"):
+        return isinstance(value, int)
+    if annotation.startswith("float"):
+        return isinstance(value, int | float) and math.isfinite(value)
+    return True
 
 
 _TREE_FIELDS = tuple(f.name for f in dataclasses.fields(RolloutTree) if f.name != "prompts")
