@@ -125,6 +125,22 @@ def test_refusals_are_one_line(tiny_model_dir, tmp_path, capsys):
     assert not list(tmp_path.glob(".tmp-export-*"))
 
 
+def test_an_adapter_file_that_links_out_of_its_folder_is_refused(tmp_path, capsys):
+    """Before: export copied the file a symlink pointed at (anywhere on the machine) into the export."""
+    secret = tmp_path / "secret-key"
+    secret.write_text("not model weights")
+    adapter = tmp_path / "downloaded" / "model"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({"base_model_name_or_path": "Qwen/Qwen2-VL-2B-Instruct"})
+    )
+    (adapter / "adapter_model.safetensors").symlink_to(secret)
+    assert cli_main(["export", str(adapter), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert f"adapter_model.safetensors: a symlink to {secret}, outside the model folder" in err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
 @pytest.mark.vllm
 def test_cpu_vllm_loads_the_exported_folder(tiny_model_dir, tmp_path):
     """The CPU vLLM build serves the merged export through the suite's own vLLM engine, and its greedy

@@ -75,7 +75,9 @@ def test_a_saved_config_does_not_choose_code_servers_or_where_results_go(tmp_pat
         "rollout.backend (a run folder does not choose code to run" in resolved.source
     )
     # what the user passes is theirs
-    mine = eval_config(model_folder(run), overrides=["model.trust_remote_code=true", "logging.output_dir=out"])
+    mine = eval_config(
+        model_folder(run), overrides=["model.trust_remote_code=true", "logging.output_dir=out"]
+    )
     assert mine.config.model.trust_remote_code and mine.config.logging.output_dir == "out"
     assert "model.trust_remote_code" not in mine.source
 

@@ -99,7 +99,7 @@ def _flip_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-#: Seven kinds of damage to step 2: (what, how, the file the error must name).
+#: Eight kinds of damage to step 2: (what, how, the file the error must name).
 DAMAGE = {
     "truncated DeepSpeed state": (
         lambda d: (d / MODEL_STATES).write_bytes((d / MODEL_STATES).read_bytes()[:999]),
@@ -114,6 +114,11 @@ DAMAGE = {
         "model/model.safetensors",
     ),
     "deleted rank RNG file": (lambda d: (d / "rng/rank-00000.pt").unlink(), "rng/rank-00000.pt"),
+    # a file dropped into the folder after the save would be loaded unchecked (before: accepted)
+    "unlisted extra shard": (
+        lambda d: (d / "model/model-extra.safetensors").write_bytes(b"\0" * 16),
+        "model/model-extra.safetensors: not in the checkpoint's manifest",
+    ),
     "garbage trainer_state.pt": (lambda d: _flip_byte(d / "trainer_state.pt"), "trainer_state.pt"),
     "checkpoint.json not JSON": (
         lambda d: (d / "checkpoint.json").write_text("{not json"),

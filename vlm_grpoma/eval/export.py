@@ -86,10 +86,24 @@ def _export_merged(chain: AdapterChain, tmp: Path):
     return model.config
 
 
+def _check_own_files(model_dir: Path) -> None:
+    """The adapter files export copies must be the folder's own: a symlink that leads out of it (a
+    downloaded checkpoint pointing at ``~/.ssh/id_ed25519``) would be copied into the export verbatim."""
+    folder = model_dir.resolve()
+    for name in _ADAPTER_FILES:
+        path = model_dir / name
+        if path.is_symlink() and not path.resolve().is_relative_to(folder):
+            raise CheckpointError(
+                f"{path}: a symlink to {os.readlink(path)}, outside the model folder; export copies only the "
+                "folder's own files (copy the real file in if it is yours)"
+            )
+
+
 def _export_adapter(model_dir: Path, chain: AdapterChain, tmp: Path):
     """Copy a one-adapter chain on a hub model, recording the hub id as its base."""
     from transformers import AutoConfig
 
+    _check_own_files(model_dir)
     for name in _ADAPTER_FILES:
         shutil.copy2(model_dir / name, tmp / name)
     config = json.loads((tmp / ADAPTER_CONFIG).read_text(encoding="utf-8"))

@@ -21,7 +21,7 @@ that step until the new copy is in place, so at no moment is the step missing.
 
 Loading: the manifest is checked first (sizes on every rank, hashes shared among the ranks), then every
 ``.pt`` file is unpickled with ``weights_only=True`` (DeepSpeed's through :mod:`~vlm_grpoma.trainer.safe_load`),
-so a damaged or tampered checkpoint is refused with one line and never runs code.
+so a damaged or altered checkpoint is refused with one line and never runs code.
 ``checkpoint.resume=auto`` takes the newest checkpoint that passes, says which ones it skipped and moves them
 aside (``damaged-step-…``); with only damaged ones left it refuses rather than start again from step 0, which
 ``checkpoint.resume=restart`` asks for. Resuming from a checkpoint moves the later ones of the output folder

@@ -1,6 +1,8 @@
 """The checkpoint manifest: size and SHA-256 of every file of a checkpoint, written into checkpoint.json and
-checked before a resume, with the hashing shared among the ranks. A missing, damaged or tampered file, or a
-manifest naming a path outside the checkpoint folder, is one CheckpointError line naming it."""
+checked before a resume, with the hashing shared among the ranks. A missing or damaged file, a file the manifest
+does not list (something added to the folder after the save: it would be loaded unchecked), or a manifest naming a
+path outside the checkpoint folder, is one CheckpointError line naming it. The universal-checkpoint folder an
+elastic resume adds later is checked against its own source digest instead (``trainer/elastic.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 import torch
 
 from vlm_grpoma.errors import CheckpointError
-from vlm_grpoma.run_layout import META_FILE
+from vlm_grpoma.run_layout import META_FILE, UNIVERSAL_DIR
 from vlm_grpoma.trainer.collectives import collective
 
 FORMAT_VERSION = 2  # 2: checkpoint.json carries the manifest
@@ -116,7 +118,11 @@ def verify_checkpoint(path: Path, timeout_s: float | None = None) -> None:
     """
     meta = read_meta(path)
     files = meta["files"]
-    problems = []
+    problems = [
+        f"{path / name}: not in the checkpoint's manifest (added after the save); remove it"
+        for name in _files(path)
+        if name not in files and Path(name).parts[0] != UNIVERSAL_DIR
+    ]
     for name, entry in files.items():
         file = path / name
         if not file.is_file():

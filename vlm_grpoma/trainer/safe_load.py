@@ -42,7 +42,7 @@ def safe_torch_load(path: str, map_location: Any = None) -> Any:
             found = re.search(r"GLOBAL ([\w.]+)|global ([\w.]+)|Unsupported operand \d+", str(err))
             what = next((g for g in found.groups() if g), found.group(0)) if found else "code"
             raise CheckpointError(
-                f"{path}: refused to load: it holds {what}, which is not checkpoint data (tampered, or not "
+                f"{path}: refused to load: it holds {what}, which is not checkpoint data (damaged, or not "
                 "written by vlm-grpoma); only resume from checkpoints you trust"
             ) from None
         except (RuntimeError, EOFError, ValueError) as err:
