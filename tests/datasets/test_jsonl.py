@@ -276,3 +276,39 @@ def test_skip_bad_keeps_good_lines_counts_bad_ones_and_warns(tmp_path, caplog):
         f"{path}:4 (id b)",
         f"{path}:6 (id a)",
     ]
+
+
+def test_a_line_beyond_the_length_cap_is_one_error_and_the_rest_still_load(tmp_path):
+    """Before: the whole file was read into memory at once, however long a line; now a line of more than
+    MAX_LINE_CHARS is skipped unheld, named, and the lines after it load."""
+    from vlm_grpoma.datasets.jsonl import MAX_LINE_CHARS
+
+    first, last = json.dumps(_good(id="a")), json.dumps(_good(id="b"))
+    path = tmp_path / "r.jsonl"
+    path.write_text(first + "\n" + "x" * (MAX_LINE_CHARS + 10) + "\n" + last + "\n", encoding="utf-8")
+    report = load_records(path)
+    assert [r.id for r in report.records] == ["a", "b"] and report.lines == [1, 3]
+    (error,) = report.errors
+    assert str(error) == f"{path}:2: longer than {MAX_LINE_CHARS} characters; not read"
+
+
+def test_with_an_image_root_every_image_and_mask_must_lie_under_it(tmp_path):
+    """data.image_root: a records file from elsewhere naming ../../etc/shadow or a symlink out is refused by
+    record (before: any path was read)."""
+    root = tmp_path / "images"
+    root.mkdir()
+    (root / "link.png").symlink_to(tmp_path / "elsewhere.png")
+    records = [
+        _good(id="inside", image="images/a.png"),
+        _good(id="dotdot", image="images/../../outside.png"),
+        _good(id="link", image="images/link.png"),
+    ]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    kept = read_records(path, skip_bad=True, image_root=root)
+    assert [r.id for r in kept] == ["inside"]
+    with pytest.raises(
+        RecordError, match=r"r.jsonl:2 \(id dotdot\): .*outside.png is outside data.image_root"
+    ):
+        read_records(path, image_root=root)
+    assert len(read_records(path)) == 3  # without a root: anywhere

@@ -98,6 +98,9 @@ class DataConfig:
     #: leave out (with one warning line) the records that fail validation, their images included; else the
     #: first one is an error
     skip_bad_records: bool = False
+    #: a folder every record's image and mask must lie under (symlinks followed), for records files you did not
+    #: write; empty: anywhere
+    image_root: str = ""
     #: reshuffle the training records every epoch (seeded by `seed`)
     #: (TRL: shuffle_dataset; verl: data.shuffle)
     shuffle: bool = True

@@ -21,10 +21,10 @@ import math
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from vlm_grpoma.answers import Box, Boxes, ContactAction, Points, Trajectory
 from vlm_grpoma.datasets.images import image_problems
@@ -55,6 +55,8 @@ _IMAGE_FIELDS = ("image", "width", "height")
 _OPTIONAL = ("split", "meta")
 #: Deepest nesting of arrays/objects accepted in a JSON value (a record needs 5 levels).
 MAX_JSON_DEPTH = 64
+#: Longest record line read, in characters (a record with its meta is a few KB; 16 Mi leaves room for much more).
+MAX_LINE_CHARS = 16 << 20
 #: Longest integer literal accepted (Python refuses 4300+ digits, and converts long ones in quadratic time).
 MAX_INT_DIGITS = 64
 
@@ -352,21 +354,51 @@ def first_record_task(path: str | Path) -> str | None:
     return None
 
 
+def _lines(handle: TextIO) -> Iterator[tuple[int, str | None]]:
+    """``(line number, text)`` of every line, read one at a time; None for a line longer than
+    :data:`MAX_LINE_CHARS` (skipped without being held). Split at newlines only: U+2028 may sit in a string."""
+    line_no = 0
+    while True:
+        line = handle.readline(MAX_LINE_CHARS + 1)
+        if not line:
+            return
+        line_no += 1
+        if len(line) > MAX_LINE_CHARS and not line.endswith("\n"):
+            while (rest := handle.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
+                pass
+            yield line_no, None
+        else:
+            yield line_no, line
+
+
 def load_records(path: str | Path) -> LoadReport:
     """Read every line of ``path``; valid records and the error of each bad line, in file order."""
     path = Path(path)
+    report = LoadReport(path)
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # reading a FIFO would block forever
             raise RecordError(f"{path}: records file is not a regular file")
-        text = path.read_text(encoding="utf-8-sig")
+        with open(path, encoding="utf-8-sig") as handle:
+            _read_into(report, _lines(handle))
     except FileNotFoundError:
         raise RecordError(f"{path}: records file not found") from None
     except (OSError, UnicodeDecodeError) as err:
         raise RecordError(f"{path}: cannot read records file: {err}") from None
+    return report
+
+
+def _read_into(report: LoadReport, lines: Iterator[tuple[int, str | None]]) -> None:
+    """Parse ``lines`` of ``report.path`` into its records and errors."""
+    path = report.path
     base_dir = Path(os.path.abspath(path.parent))
-    report = LoadReport(path)
     first_line_of_id: dict[str, int] = {}
-    for line_no, line in enumerate(text.split("\n"), start=1):  # not splitlines(): U+2028 may sit in a string
+    for line_no, line in lines:
+        if line is None:
+            report.errors.append(
+                RecordError(f"{path}:{line_no}: longer than {MAX_LINE_CHARS} characters; not read", line_no)
+            )
+            continue
+        line = line.rstrip("\r\n")
         if not line.strip():
             continue
         try:
@@ -395,7 +427,6 @@ def load_records(path: str | Path) -> LoadReport:
         first_line_of_id[record.id] = line_no
         report.records.append(record)
         report.lines.append(line_no)
-    return report
 
 
 def drop_bad_images(report: LoadReport) -> LoadReport:
@@ -417,13 +448,41 @@ def drop_bad_images(report: LoadReport) -> LoadReport:
     return kept
 
 
-def read_records(path: str | Path, *, skip_bad: bool = False, check_images: bool = False) -> list[Record]:
-    """Validated records of a JSONL file; with ``check_images`` every image (and mask) is checked too.
+def outside_root(report: LoadReport, root: str | Path) -> LoadReport:
+    """Move the records whose image or mask lies outside the folder ``root`` (``data.image_root``; symlinks
+    followed) from ``report.records`` to ``report.errors``: a records file from elsewhere cannot make the run
+    read any other file of this machine."""
+    folder = Path(root).resolve()
+    kept = LoadReport(report.path, errors=list(report.errors))
+    for record, line_no in zip(report.records, report.lines):
+        paths = [record.image, getattr(record.ground_truth, "path", None)]
+        outside = [p for p in paths if p is not None and not Path(p).resolve().is_relative_to(folder)]
+        if outside:
+            kept.errors.append(
+                RecordError(
+                    f"{report.path}:{line_no} (id {record.id}): {outside[0]} is outside data.image_root {folder}",
+                    line_no,
+                )
+            )
+        else:
+            kept.records.append(record)
+            kept.lines.append(line_no)
+    kept.errors.sort(key=lambda err: err.line)
+    return kept
+
+
+def read_records(
+    path: str | Path, *, skip_bad: bool = False, check_images: bool = False, image_root: str | Path = ""
+) -> list[Record]:
+    """Validated records of a JSONL file; with ``check_images`` every image (and mask) is checked too, with
+    ``image_root`` every image and mask must lie under that folder.
 
     The first bad line raises :class:`RecordError`. With ``skip_bad=True`` bad lines are left out and one
     warning line reports how many (use :func:`load_records` to get the individual errors).
     """
     report = load_records(path)
+    if image_root:
+        report = outside_root(report, image_root)
     if check_images:
         report = drop_bad_images(report)
     if report.errors and not skip_bad:

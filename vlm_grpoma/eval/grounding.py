@@ -231,7 +231,10 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("data.eval_path: not set; point it at the JSONL records to evaluate")
     try:
         records = read_records(
-            config.data.eval_path, skip_bad=config.data.skip_bad_records, check_images=True
+            config.data.eval_path,
+            skip_bad=config.data.skip_bad_records,
+            check_images=True,
+            image_root=config.data.image_root,
         )
     except RecordError as err:
         raise DataError(str(err)) from None

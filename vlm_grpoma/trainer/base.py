@@ -56,7 +56,9 @@ def training_records(config: Config) -> list[Record]:
     one clear line)."""
     data = config.data
     try:
-        records = read_records(data.train_path, skip_bad=data.skip_bad_records, check_images=True)
+        records = read_records(
+            data.train_path, skip_bad=data.skip_bad_records, check_images=True, image_root=data.image_root
+        )
     except RecordError as err:
         raise DataError(f"data.train_path: {err}") from None
     kept = [r for r in records if r.task == data.task and r.split == data.train_split]

@@ -50,7 +50,12 @@ def load_eval_sets(config: Config) -> list[EvalSet]:
         if not _SET_NAME.fullmatch(name):
             raise ConfigError(f"{key}: set names become metric keys; use letters, digits, '_', '-' or '.'")
         try:
-            records = read_records(path, skip_bad=config.data.skip_bad_records, check_images=True)
+            records = read_records(
+                path,
+                skip_bad=config.data.skip_bad_records,
+                check_images=True,
+                image_root=config.data.image_root,
+            )
         except RecordError as err:
             raise DataError(f"{key}: {err}") from None
         kept = [r for r in records if r.task == config.data.task]
