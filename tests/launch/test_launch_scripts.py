@@ -56,6 +56,24 @@ def test_train_sh_refuses_a_missing_config_or_hostfile_in_one_line(tmp_path):
     assert no_launcher.returncode == 2 and "no-such-deepspeed) is not on PATH" in no_launcher.stderr
 
 
+def test_train_sh_runs_nothing_hidden_in_a_number_or_an_ssh_override(tmp_path):
+    """Before: NUM_GPUS='PATH[$(touch F)]' ran the command (bash evaluates [[ -eq ]] operands as expressions),
+    and over ssh an override such as 'seed=1;touch F' reached the remote shell as text."""
+    config = tmp_path / "run.yaml"
+    config.write_text("train: {steps: 1}\n")
+    planted = tmp_path / "planted"
+    for name in ("NUM_GPUS", "CPU_RANKS", "NODE_RANK", "MASTER_PORT", "ROLLOUT_PORT"):
+        done = train_sh(tmp_path, str(config), **{name: f"PATH[$(touch {planted})]"})
+        assert done.returncode == 2 and done.stderr.startswith(f"train.sh: {name} must be a whole number")
+    assert not planted.exists()
+    (tmp_path / "hostfile").write_text("node-a slots=1\n")
+    for override in (f"seed=1;touch {planted}", "seed=$(id)", "seed=`id`", 'a="b"', "seed=1\nid"):
+        done = train_sh(tmp_path, str(config), override, HOSTFILE="hostfile")
+        assert done.returncode == 2 and "holds a shell character" in done.stderr, done.stderr
+        assert done.stderr.count("\n") == 1
+    assert not planted.exists()
+
+
 def test_train_sh_help_is_its_header():
     shown = subprocess.run(["bash", str(TRAIN_SH), "--help"], capture_output=True, text=True)
     assert shown.returncode == 0 and shown.stderr == ""  # asked for: usage on stdout, success
@@ -71,7 +89,7 @@ def test_train_sh_serve_and_train_layout_refuses_what_it_cannot_lay_out_in_one_l
     word = train_sh(tmp_path, str(config), ROLLOUT_SERVERS="two")
     assert (
         word.returncode == 2
-        and word.stderr == "train.sh: ROLLOUT_SERVERS must be a number of servers, got 'two'\n"
+        and word.stderr == "train.sh: ROLLOUT_SERVERS must be a whole number, got 'two'\n"
     )
     (tmp_path / "hostfile").write_text("node-a slots=1\n")
     nodes = train_sh(tmp_path, str(config), ROLLOUT_SERVERS="1", HOSTFILE="hostfile")

@@ -51,6 +51,20 @@ die() {
     exit 2
 }
 [[ -f "$CONFIG" ]] || die "config file $CONFIG not found"
+# Numbers only: bash evaluates a variable inside [[ -gt ]] or $(( )) as an expression, so a value such as
+# 'a[$(command)]' would run the command.
+for name in NUM_GPUS CPU_RANKS NUM_NODES NODE_RANK MASTER_PORT ROLLOUT_SERVERS ROLLOUT_PORT ROLLOUT_WAIT_S; do
+    value=${!name-}
+    [[ -z "$value" || "$value" =~ ^[0-9]+$ ]] || die "$name must be a whole number, got '$value'"
+done
+# Over ssh (a hostfile without NODE_RANK) DeepSpeed hands the overrides to a remote shell as text: refuse the
+# characters that shell would run or redirect instead of passing on.
+if [[ -n "${HOSTFILE:-}" && -z "${NODE_RANK:-}" ]]; then
+    for arg in "$@"; do
+        [[ "$arg" != *[\$\`\\\;\&\|\<\>\(\)\"]* && "$arg" != *$'\n'* ]] \
+            || die "override $(printf '%q' "$arg") holds a shell character (\$ \` \\ ; & | < > ( ) \" or a newline) that the ssh launch would run remotely; put the value in the config file"
+    done
+fi
 
 if [[ -z "${DEEPSPEED:-}" ]]; then
     CHECKOUT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -301,7 +301,9 @@ def handler_for(service: RolloutService) -> type[BaseHTTPRequestHandler]:
                 if self.command == "GET":
                     self._reply(200, json.dumps(route(None)).encode(), "application/json")
                     return
-                reply = route(loads(body, f"{self.command} {self.path}"))
+                payload = loads(body, f"{self.command} {self.path}")
+                del body  # the decoded tensors are what the engine needs: no second copy while it loads them
+                reply = route(payload)
             except Exception as err:
                 code = _status(err)
                 if code == 500:  # a server-side bug or engine failure: the traceback stays in the server log
