@@ -375,11 +375,22 @@ def serve(service: RolloutService, host: str, port: int) -> None:
         server.server_close()
 
 
+def pushed_parameters(config: Config) -> int:
+    """How many parameters a weight push carries: the model's (LoRA merged), counted on the meta device."""
+    from transformers import AutoConfig
+
+    from vlm_grpoma.models.architecture import meta_model
+    from vlm_grpoma.models.sources import adapter_chain
+
+    base = adapter_chain(config.model.name_or_path).base
+    hf_config = AutoConfig.from_pretrained(base, trust_remote_code=config.model.trust_remote_code)
+    return sum(p.numel() for p in meta_model(hf_config).parameters())
+
+
 def build_service(config: Config, verifier: RequestVerifier | None = None) -> RolloutService:
     """The vLLM engine of ``config`` (model, pixel bounds, ``rollout.vllm``) in this process, alone; its body
     limits from the model's parameter count."""
     from vlm_grpoma.models.registry import load_adapter
-    from vlm_grpoma.planning.model_stats import model_stats
     from vlm_grpoma.rollout.backends import vllm_options
     from vlm_grpoma.rollout.vllm import VLLMRolloutEngine
     from vlm_grpoma.rollout.vllm.options import context_length
@@ -411,7 +422,7 @@ def build_service(config: Config, verifier: RequestVerifier | None = None) -> Ro
     context = options.max_model_len or context_length(
         config.model.name_or_path, config.model.trust_remote_code
     )
-    limits = ServerLimits.for_model(model_stats(config).total, context, adapter.max_pixels)
+    limits = ServerLimits.for_model(pushed_parameters(config), context, adapter.max_pixels)
     return RolloutService(engine, description, limits, verifier)
 
 
