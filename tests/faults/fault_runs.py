@@ -33,14 +33,19 @@ BASE = (
 )
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """``python tests/faults/fault_cli.py ARGS`` (the vlm-grpoma CLI with the suite's fault hooks) in a fresh
-    process with no inherited rendezvous variables."""
-    inherited = {
+def fresh_environment() -> dict[str, str]:
+    """This process's environment without rendezvous variables or a fault switch: a new job's."""
+    return {
         k: v
         for k, v in os.environ.items()
         if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "FAULT")
     }
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python tests/faults/fault_cli.py ARGS`` (the vlm-grpoma CLI with the suite's fault hooks) in a fresh
+    process with no inherited rendezvous variables."""
+    inherited = fresh_environment()
     return subprocess.run(
         [sys.executable, str(FAULT_CLI), *args],
         env={**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH, **(env or {})},
@@ -52,11 +57,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: int = 300) -
 
 def launch(config: Path, *overrides: str, env: dict[str, str] | None = None, timeout: int = 300):
     """``launch/train.sh`` with 2 CPU ranks, each rank running the CLI through ``fault_cli.py``."""
-    inherited = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "FAULT")
-    }
+    inherited = fresh_environment()
     full_env = {
         **inherited,
         "CPU_RANKS": "2",
@@ -83,3 +84,42 @@ def model_weights(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(folder / "model.safetensors"))
+
+
+def two_ranks(
+    command: str, config: Path, args: list[str], env: dict[str, str]
+) -> list[subprocess.CompletedProcess]:
+    """The two ranks of a one-node CPU job started as DeepSpeed's launcher starts them (rendezvous variables),
+    without the launcher, which kills the other ranks as soon as one exits non-zero: each rank's own exit code
+    and output."""
+    from vlm_grpoma.distributed import free_port
+
+    common = {
+        **fresh_environment(),
+        "DS_ACCELERATOR": "cpu",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": "2",
+        "LOCAL_SIZE": "2",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": PYTHONPATH,
+        **env,
+    }
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-u", str(FAULT_CLI), command, "--config", str(config), *args],
+            env={**common, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        return [
+            subprocess.CompletedProcess(job.args, job.wait(timeout=300), *job.communicate(timeout=300))
+            for job in ranks
+        ]
+    finally:
+        for job in ranks:
+            job.kill()

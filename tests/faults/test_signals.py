@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_runs import FAULT_CLI, PYTHONPATH, REPO, launch, run_cli
+from fault_runs import FAULT_CLI, PYTHONPATH, REPO, fresh_environment, launch, run_cli, two_ranks
 
-from vlm_grpoma.distributed import free_port
 from vlm_grpoma.launch_scripts import write_launch_scripts
 from vlm_grpoma.trainer.checkpoint import list_checkpoints
 from vlm_grpoma.trainer.stop_signals import STOPPED_EXIT_CODE
@@ -55,46 +54,6 @@ def test_a_signal_mid_step_saves_that_step_names_it_and_resume_continues(sig, ov
     assert _rows(out) == [1, 2, 3, 4]
 
 
-def _two_ranks(config: Path, args: list[str], env: dict[str, str]) -> list[subprocess.CompletedProcess]:
-    """The two ranks of a one-node CPU job started as DeepSpeed's launcher starts them (rendezvous variables),
-    without the launcher, which kills the other ranks as soon as one exits non-zero: each rank's own exit code
-    and output."""
-    inherited = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "FAULT")
-    }
-    common = {
-        **inherited,
-        "DS_ACCELERATOR": "cpu",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "WORLD_SIZE": "2",
-        "LOCAL_SIZE": "2",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": PYTHONPATH,
-        **env,
-    }
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-u", str(FAULT_CLI), "train", "--config", str(config), *args],
-            env={**common, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    try:
-        return [
-            subprocess.CompletedProcess(job.args, job.wait(timeout=300), *job.communicate(timeout=300))
-            for job in ranks
-        ]
-    finally:
-        for job in ranks:
-            job.kill()
-
-
 @pytest.mark.slow
 @pytest.mark.launcher
 def test_sigterm_on_one_rank_of_two_stops_both_after_the_step_with_one_checkpoint(overrides, tmp_path):
@@ -104,7 +63,7 @@ def test_sigterm_on_one_rank_of_two_stops_both_after_the_step_with_one_checkpoin
     config = tmp_path / "run.yaml"
     config.write_text("{}\n")
     args = overrides(out, f"train.steps={STEPS}", *SIGNALLED)
-    ranks = _two_ranks(config, args, {"SIGNAL": "SIGTERM", "SIGNAL_AT_CALL": "2", "SIGNAL_RANK": "1"})
+    ranks = two_ranks("train", config, args, {"SIGNAL": "SIGTERM", "SIGNAL_AT_CALL": "2", "SIGNAL_RANK": "1"})
     said = "".join(rank.stdout + rank.stderr for rank in ranks)
     assert [rank.returncode for rank in ranks] == [STOPPED_EXIT_CODE] * 2, said[-3000:]
     assert "Traceback" not in said
@@ -125,9 +84,6 @@ def test_a_running_job_signalled_from_outside_stops_after_its_step(overrides, tm
     out = tmp_path / "run"
     config = tmp_path / "run.yaml"
     config.write_text("{}\n")
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
-    }
     job = subprocess.Popen(
         [
             sys.executable,
@@ -137,7 +93,7 @@ def test_a_running_job_signalled_from_outside_stops_after_its_step(overrides, tm
             str(config),
             *overrides(out, "train.steps=200"),
         ],
-        env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH},
+        env={**fresh_environment(), "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
