@@ -163,8 +163,8 @@ BAD = [
         r"^train\.async_rollout\.enabled: needs algorithm\.rollout_correction\.mode tis, mis, mis_two_sided or auto",
     ),
     (
-        "train: {async_rollout: {max_staleness: 0}}",
-        r"^train\.async_rollout\.max_staleness: must be >= 1, got 0$",
+        "train: {async_rollout: {max_staleness: -1}}",
+        r"^train\.async_rollout\.max_staleness: must be >= 0, got -1$",
     ),
     ("deepspeed: {zero_stage: true}", r"^deepspeed\.zero_stage: must be one of 0, 1, 2, 3, got True$"),
     (

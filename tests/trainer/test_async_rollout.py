@@ -49,7 +49,12 @@ def test_the_request_runs_while_the_caller_works_and_staleness_counts_the_pushes
     release.set()
     taken = prefetch.take(trained_version=6)
     assert taken is not None and taken.tree is not None and [r.id for r in taken.records] == ["r0", "r1"]
-    assert taken.metrics() == {"async/staleness": 1.0, "async/wait_s": taken.wait_s, "async/discarded": 0.0}
+    assert taken.metrics() == {
+        "async/staleness": 1.0,
+        "async/wait_s": taken.wait_s,
+        "async/overlap_s": max(taken.sample_s - taken.wait_s, 0.0),
+        "async/dropped": 0.0,
+    }
     assert prefetch.pending is None and prefetch.data_state() is None
 
 
@@ -59,7 +64,7 @@ def test_a_rollout_staler_than_max_staleness_keeps_its_prompts_and_drops_its_tre
     taken = prefetch.take(trained_version=3)
     assert taken is not None and taken.tree is None and taken.staleness == 2
     assert [r.id for r in taken.records] == ["r0", "r1"]  # sampled again, not skipped
-    assert taken.metrics()["async/discarded"] == 1.0
+    assert taken.metrics()["async/dropped"] == 1.0 and taken.metrics()["async/overlap_s"] == 0.0
 
 
 def test_wait_is_only_the_time_left_after_the_callers_work():

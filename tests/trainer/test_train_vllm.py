@@ -323,7 +323,8 @@ def test_async_training_through_a_rollout_server_samples_one_step_off(served, tm
     rollout was in flight saves the data position before its prompts (a resume draws them again)."""
     rows, output = async_run(served, tmp_path)
     assert [r["async/staleness"] for r in rows] == [0, 1, 1, 1]
-    assert [r["async/discarded"] for r in rows] == [0, 0, 0, 0]
+    assert [r["async/dropped"] for r in rows] == [0, 0, 0, 0]
+    assert rows[0]["async/overlap_s"] == 0 and all(r["async/overlap_s"] > 0 for r in rows[1:])
     assert all(r["async/wait_s"] >= 0 and r["train/skipped_steps"] == 0 for r in rows)
     assert rows[0]["rollout/logp_mismatch_max"] < BOUND  # step 1 is sampled synchronously
     assert all(r["rollout/logp_mismatch_max"] > BOUND for r in rows[1:]), rows
@@ -335,6 +336,24 @@ def test_async_training_through_a_rollout_server_samples_one_step_off(served, tm
     assert state["data"] == after_two.state_dict()
 
 
+def test_max_staleness_zero_is_the_synchronous_loop_exactly(served, tmp_path):
+    """train.async_rollout with max_staleness=0 prefetches nothing: every step's losses and rewards equal the
+    run with async off (same server, seeds and data)."""
+    runs = {}
+    for name, extra in (("sync", ()), ("zero", ("train.async_rollout.max_staleness=0",))):
+        model, overrides = served.start("qwen2_5_vl")
+        config = run_config(tmp_path / name, model, 2, "deepspeed: {zero_stage: 0}")
+        enabled = "train.async_rollout.enabled=true" if extra else "train.async_rollout.enabled=false"
+        run = train(config, *overrides, enabled, *extra, "train.steps=3")
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        runs[name] = [
+            json.loads(line) for line in (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()
+        ]
+    for key in ("loss/total", "loss/policy", "reward/total_mean", "train/grad_norm"):
+        assert [r[key] for r in runs["zero"]] == [r[key] for r in runs["sync"]], key
+    assert not any(key.startswith("async/") for key in runs["zero"][0])
+
+
 def test_async_rollouts_staler_than_max_staleness_are_sampled_again(served, tmp_path):
     """With two policy epochs a one-step-off rollout lags by two versions: max_staleness=1 drops it and samples
     the same prompts with the current weights (then the mismatch is back under the fresh-weights bound)."""
@@ -342,7 +361,7 @@ def test_async_rollouts_staler_than_max_staleness_are_sampled_again(served, tmp_
         served, tmp_path, "algorithm.policy_epochs=2", "train.async_rollout.max_staleness=1"
     )
     assert [r["async/staleness"] for r in rows] == [0, 2, 2, 2]
-    assert [r["async/discarded"] for r in rows] == [0, 1, 1, 1]
+    assert [r["async/dropped"] for r in rows] == [0, 1, 1, 1]
     assert all(r["rollout/logp_mismatch_max"] < BOUND for r in rows), rows
     order, _ = synchronous_order(tmp_path / "data" / "records.jsonl", 2, 4)
     assert trained_record_ids(output) == order

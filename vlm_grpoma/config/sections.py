@@ -336,9 +336,15 @@ class AsyncRolloutConfig:
     #: on: sample step t+1 while step t trains; its tokens come from weights one step (policy_epochs versions)
     #: old, which algorithm.rollout_correction corrects (verl: one_step_off_policy; AReaL, slime)
     enabled: bool = False
-    #: weight versions (optimizer steps) a prefetched rollout may lag the trained weights by, >= 1; one lagging
-    #: more is sampled again with the current weights (one step off lags by algorithm.policy_epochs)
-    max_staleness: int = checked(1, Range(ge=1, cap=1000))
+    #: weight versions (optimizer steps) a prefetched rollout may lag the trained weights by, >= 0; one lagging
+    #: more is sampled again with the current weights (one step off lags by algorithm.policy_epochs); 0: no
+    #: rollout is prefetched, the synchronous loop exactly (TRL AsyncGRPO: max_staleness)
+    max_staleness: int = checked(1, Range(ge=0, cap=1000))
+
+    @property
+    def prefetches(self) -> bool:
+        """The next step's rollout is requested before this step trains."""
+        return self.enabled and self.max_staleness > 0
 
 
 @dataclass

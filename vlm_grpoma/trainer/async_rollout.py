@@ -73,16 +73,22 @@ class TakenRollout:
     wait_s: float
     sample_s: float
 
+    @property
+    def overlap_s(self) -> float:
+        """Seconds the server sampled while the trainer was busy: the sampling the wait did not cover."""
+        return max(self.sample_s - self.wait_s, 0.0) if self.tree is not None else 0.0
+
     def metrics(self) -> dict[str, float]:
         return {
             "async/staleness": float(self.staleness),
             "async/wait_s": self.wait_s,
-            "async/discarded": float(self.tree is None),
+            "async/overlap_s": self.overlap_s,
+            "async/dropped": float(self.tree is None),
         }
 
 
 #: the metrics of a step whose rollout was not prefetched (the first one, a resumed run's first one)
-SYNCHRONOUS = {"async/staleness": 0.0, "async/wait_s": 0.0, "async/discarded": 0.0}
+SYNCHRONOUS = {"async/staleness": 0.0, "async/wait_s": 0.0, "async/overlap_s": 0.0, "async/dropped": 0.0}
 
 
 class RolloutPrefetch:

@@ -78,7 +78,7 @@ class GRPOMATrainer(Trainer):
         self.rollout = build_rollout_engine(config, self.engine, self.adapter, dist=self.dist)
         overlap = config.train.async_rollout
         #: the next step's rollout in flight while this one trains (train.async_rollout), or None
-        self.prefetch = RolloutPrefetch(overlap.max_staleness) if overlap.enabled else None
+        self.prefetch = RolloutPrefetch(overlap.max_staleness) if overlap.prefetches else None
 
     def evaluation(self, final: bool = False) -> dict[str, float]:
         """Held-out metrics when ``train.eval_every`` says so (before step 1, every N steps, after the last)."""
@@ -150,8 +150,7 @@ class GRPOMATrainer(Trainer):
             return batch, SYNCHRONOUS if taken is None else taken.metrics(), 0.0
         with timer("reward"):
             scored = score_tree(taken.tree, taken.records, self.adapter, self.rewards)
-        overlapped_s = max(taken.sample_s - taken.wait_s, 0.0)
-        return ScoredBatch(taken.records, taken.tree, scored), taken.metrics(), overlapped_s
+        return ScoredBatch(taken.records, taken.tree, scored), taken.metrics(), taken.overlap_s
 
     def _prefetch_next(self) -> None:
         """Start the next step's rollout on the server (train.async_rollout), unless this step is the last."""
