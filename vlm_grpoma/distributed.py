@@ -6,6 +6,7 @@ only need a port number, so nothing here imports torch or DeepSpeed until a func
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import functools
 import logging
@@ -244,6 +245,16 @@ def release_shm_buffer() -> Path | None:
     return path
 
 
+def leave_process_group() -> None:
+    """Destroy this process's group before the interpreter finalizes (registered at exit): left to static
+    destructors, gloo's threads were sometimes destroyed while joinable and the rank aborted after its work
+    was done ("terminate called without an active exception", exit 250/-6; seen after ZeRO-3 runs)."""
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def init_distributed(backend: str = "auto", timeout_s: float | None = None) -> DistInfo:
     """Join (or create) the process group: under the ``deepspeed`` launcher, or as a lone process.
 
@@ -275,6 +286,7 @@ def init_distributed(backend: str = "auto", timeout_s: float | None = None) -> D
 
             distributed_c10d.default_pg_timeout = distributed_c10d.default_pg_nccl_timeout = extra["timeout"]
         deepspeed.init_distributed(dist_backend=backend, **extra)
+        atexit.register(leave_process_group)
         if not use_cuda:  # DeepSpeed's CPU op; the same on every rank of a job
             release_shm_buffer()
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
