@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from vlm_grpoma.errors import ConfigError
@@ -105,6 +106,22 @@ def load_architecture(name: str) -> Architecture:
             f"unknown architecture {name!r}; shipped architectures: {', '.join(architecture_names())}"
         )
     return arch
+
+
+def model_config(name_or_path: str) -> tuple[Any, str]:
+    """The transformers config of ``model.name_or_path`` without weights: a local folder's ``config.json``,
+    else the shipped architecture of that hub id or name; (config, where it came from)."""
+    from transformers import AutoConfig
+
+    if (Path(name_or_path) / "config.json").is_file():
+        return AutoConfig.from_pretrained(name_or_path), f"{Path(name_or_path) / 'config.json'}"
+    arch = find_architecture(name_or_path)
+    if arch is None:
+        raise ConfigError(
+            f"model.name_or_path: {name_or_path!r} is neither a folder with config.json nor a shipped "
+            f"architecture ({', '.join(architecture_names())})"
+        )
+    return arch.transformers_config(), f"shipped architecture {arch.name}"
 
 
 def meta_model(config: Any) -> Any:

@@ -4,11 +4,10 @@ counts (total, trainable after the vision freeze and LoRA, the largest layer) an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from vlm_grpoma.config import Config, ConfigError
-from vlm_grpoma.models.architecture import architecture_names, find_architecture, meta_model
+from vlm_grpoma.models.architecture import meta_model, model_config
 from vlm_grpoma.models.families import FAMILIES, QwenFamily
 from vlm_grpoma.models.loading import prepare_trainable, vision_module_names
 
@@ -56,22 +55,6 @@ class ModelStats:
     @property
     def frozen(self) -> int:
         return self.total - self.trainable
-
-
-def model_config(name_or_path: str) -> tuple[Any, str]:
-    """The transformers config of ``model.name_or_path`` without weights: a local folder's ``config.json``,
-    else the shipped architecture of that hub id or name; (config, where it came from)."""
-    from transformers import AutoConfig
-
-    if (Path(name_or_path) / "config.json").is_file():
-        return AutoConfig.from_pretrained(name_or_path), f"{Path(name_or_path) / 'config.json'}"
-    arch = find_architecture(name_or_path)
-    if arch is None:
-        raise ConfigError(
-            f"model.name_or_path: {name_or_path!r} is neither a folder with config.json nor a shipped "
-            f"architecture ({', '.join(architecture_names())})"
-        )
-    return arch.transformers_config(), f"shipped architecture {arch.name}"
 
 
 def _vision_dims(vision: Any) -> VisionDims:

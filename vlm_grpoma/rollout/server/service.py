@@ -377,13 +377,10 @@ def serve(service: RolloutService, host: str, port: int) -> None:
 
 def pushed_parameters(config: Config) -> int:
     """How many parameters a weight push carries: the model's (LoRA merged), counted on the meta device."""
-    from transformers import AutoConfig
-
-    from vlm_grpoma.models.architecture import meta_model
+    from vlm_grpoma.models.architecture import meta_model, model_config
     from vlm_grpoma.models.sources import adapter_chain
 
-    base = adapter_chain(config.model.name_or_path).base
-    hf_config = AutoConfig.from_pretrained(base, trust_remote_code=config.model.trust_remote_code)
+    hf_config, _ = model_config(adapter_chain(config.model.name_or_path).base)
     return sum(p.numel() for p in meta_model(hf_config).parameters())
 
 
