@@ -235,9 +235,7 @@ def release_shm_buffer() -> Path | None:
         port=os.environ.get("MASTER_PORT", ""),
         rank=torch.distributed.get_rank(),
     )
-    if (
-        torch.distributed.get_world_size() > 1
-    ):  # every rank, whether or not it has a segment: no rank waits alone
+    if torch.distributed.get_world_size() > 1:  # every rank, with a segment or not: no rank waits alone
         torch.distributed.barrier()
     if not path.exists():  # several nodes, or no CPU op: nothing was created
         return None
