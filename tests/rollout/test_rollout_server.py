@@ -156,3 +156,27 @@ def test_a_restarted_server_gets_the_current_weights_before_it_serves(setup, tmp
             after.answer_ids, before.answer_ids
         )
         server.process, server.log = restarted.process, restarted.log  # the module's server from here on
+
+
+def test_a_lora_push_serves_what_the_full_push_of_the_merged_weights_serves(setup):
+    """The server merges the pushed adapters onto its base; sampling then gives the tokens and log-probs a full
+    push of the trainer's merged weights gives (the same seeds, one version apart)."""
+    from dataclasses import replace
+
+    from tests.rollout.test_lora_push import lora_model
+    from vlm_grpoma.config import LoraConfig
+
+    server, config, loaded, prompts = setup
+    module = lora_model(config.model.name_or_path)
+    lora_config = replace(config, model=replace(config.model, lora=LoraConfig(enabled=True)))
+    engine = ServerRolloutEngine.create(lora_config, loaded.adapter)
+    assert engine.base is not None and engine.base.fingerprint == server.health()["base"]
+    engine.update_weights(module)
+    lean, lean_tree = engine.last_push, engine.sample(prompts, PARAMS)
+    engine.base = None  # the same weights, pushed whole
+    engine.update_weights(module)
+    full, full_tree = engine.last_push, engine.sample(prompts, PARAMS)
+    assert lean.lean and not full.lean and lean.nbytes < 0.2 * full.nbytes
+    assert torch.equal(lean_tree.thought_ids, full_tree.thought_ids)
+    assert torch.equal(lean_tree.answer_ids, full_tree.answer_ids)
+    torch.testing.assert_close(lean_tree.thought_logprobs, full_tree.thought_logprobs, rtol=0, atol=1e-4)

@@ -1,8 +1,10 @@
 """The ``vllm_server`` backend: trainer ranks sample from rollout servers and push their weights to them.
 
 Rank ``r`` samples from ``rollout.server.urls[r % n]``; the lowest rank of each server (ranks ``0..n-1``) pushes
-the weights after every optimizer step (ZeRO-3 gathered on all ranks, LoRA merged, the same names as the
-colocated engine's sync) and checks the server's digest of what it loaded against its own. Every rank then
+the weights after every optimizer step (ZeRO-3 gathered on all ranks, the same names as the colocated engine's
+sync) and checks the server's digest of what it loaded against its own. A LoRA run whose server holds the same
+base checkpoint pushes only what training changes (:mod:`.lora_push`); any other run pushes its full weights in
+the training dtype, LoRA merged. Every rank then
 asks for the version it is on, so a rank never samples before its server holds the step's weights. The pushing
 rank keeps its last push and repeats it when the server's boot id changes (a server restarted mid-run).
 Every failure is one :class:`~vlm_grpoma.errors.RolloutServerError` line naming the URL, within
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -26,6 +30,7 @@ from vlm_grpoma.errors import ConfigError, RolloutServerError
 from vlm_grpoma.models.base import PromptInputs
 from vlm_grpoma.rollout.base import full_module
 from vlm_grpoma.rollout.server.auth import read_token, signed_headers
+from vlm_grpoma.rollout.server.lora_push import BaseCheckpoint, lean_push, served_digest
 from vlm_grpoma.rollout.server.wire import (
     WireError,
     decode_tree,
@@ -61,6 +66,15 @@ class ServedRollout:
     stats: dict[str, float]
 
 
+@dataclass(frozen=True)
+class PushRecord:
+    """One weight push as sent: body bytes, seconds until the server confirmed it, LoRA-only or full."""
+
+    nbytes: int
+    seconds: float
+    lean: bool
+
+
 def shared_session(world_size: int) -> str:
     """One id for this training run, the same on every rank (rank 0's, broadcast)."""
     session = [uuid.uuid4().hex]
@@ -90,6 +104,8 @@ class ServerRolloutEngine:
     )  # rollout.server.token_file's secret: requests signed
     _pushed: tuple[bytes, str] | None = field(default=None, repr=False)  # the last push (body, digest)
     _pushed_to: str | None = None  # the boot id of the server that holds it
+    base: BaseCheckpoint | None = field(default=None, repr=False)  # set: LoRA-only pushes onto this base
+    last_push: PushRecord | None = None
 
     @classmethod
     def create(
@@ -113,7 +129,23 @@ class ServerRolloutEngine:
             token=read_token(config.rollout.server.token_file) if config.rollout.server.token_file else None,
         )
         engine.check_server()
+        if config.model.lora.enabled and engine.pusher:
+            engine.base = engine._shared_base(config.model.name_or_path)
         return engine
+
+    def _shared_base(self, name_or_path: str) -> BaseCheckpoint | None:
+        """The base checkpoint this rank and its server both hold (LoRA-only pushes), or None (full pushes):
+        the trainer's model is not a checkpoint on disk, or the server's files differ (a notice says so)."""
+        base = BaseCheckpoint.of_model(name_or_path)
+        theirs = str(self.health().get("base") or "")
+        if base is None or base.fingerprint == theirs:
+            return base
+        print(
+            f"rollout server {self.url}: its base model files differ from the trainer's {name_or_path}, or it "
+            "cannot read them; pushing the full weights every step instead of the LoRA adapters",
+            file=sys.stderr,
+        )
+        return None
 
     # -- transport ----------------------------------------------------------------------------------------
 
@@ -199,14 +231,28 @@ class ServerRolloutEngine:
     def update_weights(self, model: Policy) -> int:
         """Push ``model``'s weights (on every rank: ZeRO-3 gathers collectively; the pusher sends) and move this
         rank to the next version. Returns how many tensors this rank pushed (0 on the others)."""
+        lean = pairs = None
         with full_module(model) as module:
-            pairs = encode_weights(merged_weights(module)) if self.pusher else None
+            if self.pusher:
+                lean = lean_push(module) if self.base is not None else None
+                pairs = encode_weights(merged_weights(module)) if lean is None else lean.pairs()
         self.version += 1
         if pairs is None:
             return 0
-        digest = weights_digest(pairs)
-        body = dumps({"session": self.session, "version": self.version, "weights": pairs, "digest": digest})
+        started = time.perf_counter()
+        needs = {"session": self.session, "version": self.version}
+        if lean is not None and self.base is not None:
+            digest = served_digest(self.base.fingerprint, lean)
+            body = dumps(
+                needs
+                | {"weights": lean.weights, "deltas": lean.deltas, "base": self.base.fingerprint}
+                | {"digest": weights_digest(pairs)}
+            )
+        else:
+            digest = weights_digest(pairs)
+            body = dumps(needs | {"weights": pairs, "digest": digest})
         self._push(body, digest)
+        self.last_push = PushRecord(len(body), time.perf_counter() - started, lean is not None)
         return len(pairs)
 
     def _push(self, body: bytes, digest: str) -> None:

@@ -2,7 +2,8 @@
 
 Endpoints: ``GET /health`` (JSON: the model, pixel bounds, log-prob mode, and the weights it holds: session,
 version, digest), ``POST /sample`` and ``POST /sample_answers`` (the colocated engine's two calls, same two-phase
-K x M requests, prefix caching on) and ``POST /weights`` (an in-place reload, caches dropped, version set).
+K x M requests, prefix caching on) and ``POST /weights`` (an in-place reload, caches dropped, version set:
+the full weights, or a LoRA run's adapters merged onto the server's base checkpoint, :mod:`.lora_push`).
 Bodies are :mod:`.wire`. Requests are answered on threads, but every engine call runs on the main thread, one at
 a time (vLLM's in-process CPU engine hangs when ``generate`` runs on another thread than the one that built it);
 ``/health`` answers meanwhile.
@@ -25,7 +26,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -37,6 +38,7 @@ from vlm_grpoma.config import Config, load_config, validate
 from vlm_grpoma.errors import ConfigError, UserError
 from vlm_grpoma.rollout.server.auth import RequestVerifier, is_loopback, read_token
 from vlm_grpoma.rollout.server.limits import ServerLimits
+from vlm_grpoma.rollout.server.lora_push import BaseCheckpoint, LeanPush, decode_deltas, served_digest
 from vlm_grpoma.rollout.server.wire import (
     WireError,
     decode_params,
@@ -86,9 +88,11 @@ class RolloutService:
         description: dict[str, Any],
         limits: ServerLimits | None = None,
         verifier: RequestVerifier | None = None,
+        base: BaseCheckpoint | None = None,
     ) -> None:
         self.engine = engine
-        self.description = description
+        self.base = base  # the checkpoint the engine was started from: LoRA pushes merge onto it
+        self.description = {**description, "base": base.fingerprint if base else ""}
         self.limits = limits or ServerLimits()
         self.verifier = verifier  # None: no token, any caller (a loopback-only server)
         self.boot_id = uuid.uuid4().hex  # tells a client that this server restarted since its last push
@@ -201,8 +205,16 @@ class RolloutService:
         session = required(body, "session", str, what)
         version = required(body, "version", int, what)
         pairs = decode_weights(body.get("weights"), what)
-        digest = weights_digest(pairs)
-        if digest != required(body, "digest", str, what):
+        if body.get("deltas") is None:
+            digest = sent = weights_digest(pairs)
+            weights: Iterable[tuple[str, torch.Tensor]] = pairs
+        else:
+            push = LeanPush(pairs, decode_deltas(body["deltas"], what))
+            base = self._lean_base(required(body, "base", str, what), what)
+            sent, digest = weights_digest(push.pairs()), served_digest(base.fingerprint, push)
+            base.check(push, what)
+            weights = base.merged(push)  # a generator: read from the base files as the engine loads
+        if sent != required(body, "digest", str, what):
             raise WireError(f"{what}: the weights' digest differs from the sender's (damaged in transit)")
 
         def job() -> dict[str, Any]:
@@ -211,7 +223,7 @@ class RolloutService:
                     f"{what}: version {version} is older than the held version {self.held.version}"
                 )
             try:
-                tensors = self.engine.load_weights(pairs)
+                tensors = self.engine.load_weights(weights)
             except BaseException as err:  # the engine may hold some old and some new tensors: serve nothing
                 with self._changed:
                     reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
@@ -223,6 +235,19 @@ class RolloutService:
             return {"version": version, "digest": digest, "tensors": tensors, "boot_id": self.boot_id}
 
         return self._on_engine(job)
+
+    def _lean_base(self, fingerprint: str, what: str) -> BaseCheckpoint:
+        """The base a LoRA push merges onto: this server's, if it is the trainer's."""
+        if self.base is None:
+            raise WireError(
+                f"{what}: a LoRA-only push, but this server's model is not a safetensors checkpoint on disk"
+            )
+        if fingerprint != self.base.fingerprint:
+            raise WireError(
+                f"{what}: a LoRA-only push onto another base model (the files' fingerprints differ); start "
+                "the server with the run's model.name_or_path"
+            )
+        return self.base
 
 
 def _status(err: Exception) -> int:
@@ -420,7 +445,8 @@ def build_service(config: Config, verifier: RequestVerifier | None = None) -> Ro
         config.model.name_or_path, config.model.trust_remote_code
     )
     limits = ServerLimits.for_model(pushed_parameters(config), context, adapter.max_pixels)
-    return RolloutService(engine, description, limits, verifier)
+    base = BaseCheckpoint.of_model(config.model.name_or_path)
+    return RolloutService(engine, description, limits, verifier, base)
 
 
 def server_verifier(config: Config, host: str, token_file: str | None) -> RequestVerifier | None:
