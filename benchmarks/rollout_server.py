@@ -7,9 +7,15 @@ after every step) and the same with ``train.async_rollout.enabled=true`` (step t
 trains). Each arm's first step (engine warm-up) is left out; the median of the rest is reported, with the
 rollout and update phases, the async wait and the ratios. On a CPU the server and the trainer share the cores,
 so the overlap is bounded by them; on GPUs the server has its own devices and the async step approaches
-max(rollout, update) instead of their sum (see the printed prediction). Run it in .venv-vllm::
+max(rollout, update) instead of their sum (see the printed prediction).
+
+Then the weight push itself, on the small and the bench preset (the tiny one's 16-wide heads are below what
+vLLM's CPU attention serves): bytes and seconds per push to a real server,
+full (the merged weights) vs LoRA-only (the adapters, merged by the server onto its base), and the same bytes
+computed for the released 3B/7B architectures from their parameter counts (bfloat16). Run it in .venv-vllm::
 
     .venv-vllm/bin/python benchmarks/rollout_server.py --steps 6
+    .venv-vllm/bin/python benchmarks/rollout_server.py --quick   # 3 short steps per arm, pushes on small
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.rollout.server_process import TEST_ENGINE, start_server  # noqa: E402
+from vlm_grpoma.config import Config, LoraConfig, ModelConfig, RolloutConfig, RolloutServerConfig  # noqa: E402
 from vlm_grpoma.datasets.synthetic.shapes import EASY, generate_shapes  # noqa: E402
 from vlm_grpoma.models.tiny import build_tiny_model  # noqa: E402
 
@@ -62,6 +69,78 @@ def run_arm(name: str, extra: list[str], args: argparse.Namespace, workdir: Path
     }
 
 
+def measure_pushes(preset: str, workdir: Path, repeats: int, rank: int) -> list[dict]:
+    """Bytes and median seconds per push to a real server on ``preset``: full weights, then LoRA-only."""
+    from vlm_grpoma.models.loading import load_model, prepare_trainable
+    from vlm_grpoma.rollout.server.client import ServerRolloutEngine
+
+    folder = build_tiny_model("qwen2_5_vl", workdir / f"push-{preset}", seed=0, preset=preset)
+    server = start_server(folder, workdir / f"push-{preset}.log")
+    rows = []
+    try:
+        for lora in (False, True):
+            model_cfg = ModelConfig(
+                name_or_path=str(folder),
+                dtype="float32",
+                lora=LoraConfig(enabled=lora, r=rank, alpha=2 * rank),
+            )
+            loaded = load_model(model_cfg)
+            module = prepare_trainable(loaded.model, model_cfg)
+            server_cfg = RolloutServerConfig([server.url], timeout_s=120)
+            config = Config(model=model_cfg, rollout=RolloutConfig(backend="vllm_server", server=server_cfg))
+            engine = ServerRolloutEngine.create(config, loaded.adapter)
+            pushes = []
+            for _ in range(repeats):
+                engine.update_weights(module)
+                pushes.append(engine.last_push)
+            rows.append(
+                {
+                    "preset": preset,
+                    "push": f"LoRA r={rank}" if lora else "full",
+                    "lean": all(push.lean for push in pushes),
+                    "bytes": pushes[-1].nbytes,
+                    "seconds": statistics.median(push.seconds for push in pushes),
+                }
+            )
+    finally:
+        server.stop()
+    return rows
+
+
+def released_push_bytes(rank: int) -> list[dict]:
+    """Full vs LoRA push bytes (bfloat16) of released architectures, from their parameter counts on the meta
+    device: LoRA on the default targets, vision tower frozen."""
+    from vlm_grpoma.models.architecture import load_architecture, meta_model
+    from vlm_grpoma.models.loading import lora_targets
+
+    rows = []
+    for name in ("Qwen2.5-VL-3B-Instruct", "Qwen2.5-VL-7B-Instruct"):
+        model = meta_model(load_architecture(name).transformers_config())
+        modules = dict(model.named_modules())
+        adapted = sum(
+            rank * (modules[target].in_features + modules[target].out_features)
+            for target in lora_targets(model, LoraConfig().target_modules)
+        )
+        full = sum(p.numel() for p in model.parameters())
+        rows.append({"model": name, "full_bytes": 2 * full, "lora_bytes": 2 * adapted})
+    return rows
+
+
+def print_pushes(rows: list[dict], released: list[dict]) -> None:
+    print(f"\n{'preset':<8}{'push':<12}{'bytes':>12}{'s/push':>9}{'of full':>9}")
+    full = {row["preset"]: row["bytes"] for row in rows if not row["lean"]}
+    for row in rows:
+        print(
+            f"{row['preset']:<8}{row['push']:<12}{row['bytes']:>12,}{row['seconds']:>9.3f}"
+            f"{row['bytes'] / full[row['preset']]:>9.1%}"
+        )
+    for row in released:
+        print(
+            f"{row['model']:<24} full {row['full_bytes'] / 1e9:.2f} GB, LoRA {row['lora_bytes'] / 1e6:.0f} MB "
+            f"({row['lora_bytes'] / row['full_bytes']:.2%}) per push in bfloat16"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -72,8 +151,19 @@ def main() -> None:
     parser.add_argument("--answer-tokens", type=int, default=16)
     parser.add_argument("--preset", default="small", help="tiny-model preset (vlm_grpoma.models.tiny)")
     parser.add_argument("--timeout-s", type=float, default=1800)
+    parser.add_argument("--push-repeats", type=int, default=5, help="weight pushes timed per preset and mode")
+    parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank of the LoRA-only pushes")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON lines too")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 3 short steps per arm, 2 pushes on the small preset",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.steps, args.prompts, args.thought_tokens, args.answer_tokens = 3, 1, 8, 4
+        args.push_repeats = 2
+    push_presets = ("small",) if args.quick else ("small", "bench")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         model = build_tiny_model("qwen2_5_vl", workdir / "model", seed=0, preset=args.preset)
@@ -118,8 +208,16 @@ def main() -> None:
         f"{update:.2f}) + push = {max(rollout, update) / max(rollout + update, 1e-9):.2f}x the sync step's "
         "rollout + update"
     )
+    with tempfile.TemporaryDirectory() as tmp:
+        pushes = [
+            row
+            for preset in push_presets
+            for row in measure_pushes(preset, Path(tmp), args.push_repeats, args.lora_rank)
+        ]
+    released = released_push_bytes(args.lora_rank)
+    print_pushes(pushes, released)
     if args.json:
-        for row in rows:
+        for row in rows + pushes + released:
             print(json.dumps(row))
 
 

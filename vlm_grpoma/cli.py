@@ -395,6 +395,13 @@ def _rollout_server_args(p: argparse.ArgumentParser) -> None:
         help="file holding the shared secret (openssl rand -hex 32, chmod 600; instead of rollout.server.token_file)",
     )
     p.add_argument(
+        "--stop-with",
+        type=int,
+        metavar="PID",
+        help="stop serving once process PID ends (launch/train.sh passes itself: no server outlives a killed "
+        "launcher)",
+    )
+    p.add_argument(
         "overrides",
         nargs="*",
         metavar="key=value",

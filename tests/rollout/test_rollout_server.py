@@ -180,3 +180,24 @@ def test_a_lora_push_serves_what_the_full_push_of_the_merged_weights_serves(setu
     assert torch.equal(lean_tree.thought_ids, full_tree.thought_ids)
     assert torch.equal(lean_tree.answer_ids, full_tree.answer_ids)
     torch.testing.assert_close(lean_tree.thought_logprobs, full_tree.thought_logprobs, rtol=0, atol=1e-4)
+
+
+def test_the_rollout_server_benchmark_prints_its_tables():
+    """benchmarks/rollout_server.py --quick: the three arms train and the push table shows a LoRA push smaller
+    than a full one on the same server."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "rollout_server.py"
+    run = subprocess.run(
+        [sys.executable, str(script), "--quick", "--json"], capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "server+async / server:" in run.stdout and "Qwen2.5-VL-7B-Instruct   full" in run.stdout
+    import json
+
+    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    pushes = {row["push"]: row for row in rows if "push" in row}
+    assert not pushes["full"]["lean"] and pushes["LoRA r=16"]["lean"]
+    assert pushes["LoRA r=16"]["bytes"] < 0.2 * pushes["full"]["bytes"]

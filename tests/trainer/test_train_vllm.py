@@ -401,3 +401,53 @@ def test_train_sh_serve_and_train_layout_trains_two_ranks_async_through_its_serv
         urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
             f"http://127.0.0.1:{port}/health", timeout=5
         )
+
+
+@pytest.mark.launcher
+def test_a_serve_and_train_launcher_killed_with_sigkill_leaves_no_server(tiny_model_dir, tmp_path):
+    """kill -9 of launch/train.sh runs none of its clean-up: its server, started with --stop-with, notices
+    that the launcher is gone and stops itself (the orphaned ranks are the test's to end)."""
+    import signal
+
+    from vlm_grpoma.distributed import free_port
+
+    port = free_port()
+    config = run_config(tmp_path, tiny_model_dir("qwen2_5_vl", "small"), 1)
+    launcher = subprocess.Popen(
+        ["bash", str(REPO / "launch" / "train.sh"), str(config), "train.steps=100000"],
+        env=clean_env(
+            CPU_RANKS="1",
+            ROLLOUT_SERVERS="1",
+            ROLLOUT_PORT=str(port),
+            ROLLOUT_LOG_DIR=str(tmp_path / "servers"),
+            DEEPSPEED=str(Path(sys.executable).parent / "deepspeed"),
+            TRAIN_SCRIPT=str(TRAIN),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    health = f"http://127.0.0.1:{port}/health"
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        output = []
+        for line in launcher.stdout:
+            output.append(line)
+            if "rollout server(s) ready" in line:
+                break
+        assert direct.open(health, timeout=10).status == 200, "".join(output)
+        os.kill(launcher.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                direct.open(health, timeout=5)
+                time.sleep(0.5)
+            except OSError:
+                break
+        else:
+            pytest.fail("the server still answers 60 s after its launcher was killed")
+        assert "(--stop-with) ended; stopping" in (tmp_path / "servers" / "server-0.log").read_text()
+    finally:
+        os.killpg(launcher.pid, signal.SIGKILL)  # the launcher's orphaned ranks
+        launcher.wait(timeout=30)

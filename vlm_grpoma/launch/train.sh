@@ -142,8 +142,9 @@ if [[ "$SERVERS" -eq 0 ]]; then
 fi
 
 # Serve-and-train: the servers first (the run's config and overrides: the same model, pixels and engine
-# options), each answering /health before any rank starts; stopped however the training ends. Serve-only
-# (ROLLOUT_SERVE_ONLY=1): the servers alone, until one ends or the script is stopped.
+# options), each answering /health before any rank starts; stopped however the training ends, and by
+# themselves (--stop-with) if this script is killed with SIGKILL. Serve-only (ROLLOUT_SERVE_ONLY=1): the
+# servers alone, until one ends or the script is stopped.
 LOGS=${ROLLOUT_LOG_DIR:-rollout-servers}
 mkdir -p "$LOGS"
 PORT0=${ROLLOUT_PORT:-8400}
@@ -165,7 +166,7 @@ WATCH=()
 for ((i = 0; i < SERVERS; i++)); do
     if [[ "$GPUS" -gt 0 ]]; then DEVICE=(env CUDA_VISIBLE_DEVICES="$i"); else DEVICE=(env); fi
     "${DEVICE[@]}" "$PYTHON" -m vlm_grpoma.cli rollout-server --config "$CONFIG" --host "${ROLLOUT_HOST:-127.0.0.1}" \
-        --port $((PORT0 + i)) "$@" "${LAYOUT[@]}" > "$LOGS/server-$i.log" 2>&1 &
+        --port $((PORT0 + i)) --stop-with $$ "$@" "${LAYOUT[@]}" > "$LOGS/server-$i.log" 2>&1 &
     SERVER_PIDS+=($!)
     WATCH+=(--watch "$!=$LOGS/server-$i.log")
 done

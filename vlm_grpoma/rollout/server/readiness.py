@@ -8,6 +8,7 @@ ended first, with its log's last line, or the URL still silent after ``S`` secon
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import urllib.request
@@ -18,7 +19,16 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def process_ended(pid: int) -> bool:
-    """``pid`` is gone or a zombie (its parent, the launch script, has not reaped it yet)."""
+    """``pid`` is gone or a zombie (its parent, the launch script, has not reaped it yet; Linux's /proc tells,
+    elsewhere only whether it exists)."""
+    if not Path("/proc/self/stat").exists():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -39,6 +40,7 @@ from vlm_grpoma.errors import ConfigError, UserError
 from vlm_grpoma.rollout.server.auth import RequestVerifier, is_loopback, read_token
 from vlm_grpoma.rollout.server.limits import ServerLimits
 from vlm_grpoma.rollout.server.lora_push import BaseCheckpoint, LeanPush, decode_deltas, served_digest
+from vlm_grpoma.rollout.server.readiness import process_ended
 from vlm_grpoma.rollout.server.wire import (
     WireError,
     decode_params,
@@ -400,6 +402,19 @@ def serve(service: RolloutService, host: str, port: int) -> None:
         server.server_close()
 
 
+def stop_with(pid: int, interval_s: float = 1.0) -> None:
+    """End this server (SIGTERM, the launcher's own way to stop it) once process ``pid`` has ended: a launcher
+    killed with SIGKILL runs no clean-up, and its servers would otherwise serve nobody until killed by hand."""
+
+    def watch() -> None:
+        while not process_ended(pid):
+            time.sleep(interval_s)
+        print(f"rollout server: process {pid} (--stop-with) ended; stopping", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="rollout-server-stop-with", daemon=True).start()
+
+
 def pushed_parameters(config: Config) -> int:
     """How many parameters a weight push carries: the model's (LoRA merged), counted on the meta device."""
     from vlm_grpoma.models.architecture import meta_model, model_config
@@ -473,5 +488,7 @@ def main(args: argparse.Namespace) -> int:
         config = replace(config, model=replace(config.model, name_or_path=args.model))
     validate(config)
     verifier = server_verifier(config, args.host, getattr(args, "token_file", None))
+    if getattr(args, "stop_with", None):
+        stop_with(args.stop_with)
     serve(build_service(config, verifier), args.host, args.port)
     return 0
