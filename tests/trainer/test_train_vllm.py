@@ -241,8 +241,11 @@ def test_train_through_a_rollout_server_on_two_cpu_ranks_with_zero3(served, tmp_
     check_run(run, tmp_path / "run")
 
 
-def test_a_server_killed_mid_run_stops_training_with_one_line(served, tmp_path):
+@pytest.mark.parametrize("overlap", ["sync", "async"])
+def test_a_server_killed_mid_run_stops_training_with_one_line(served, tmp_path, overlap):
+    """Synchronous or one step off (the kill then lands during a prefetch, raised where the step takes it)."""
     model, overrides = served.start("qwen2_5_vl")
+    overrides += ["train.async_rollout.enabled=true"] if overlap == "async" else []
     config = run_config(tmp_path, model, 2, "deepspeed: {zero_stage: 0}")
     metrics = tmp_path / "run" / "metrics.jsonl"
     trainer = subprocess.Popen(
@@ -274,6 +277,41 @@ def test_a_server_killed_mid_run_stops_training_with_one_line(served, tmp_path):
     assert trainer.returncode == 1 and time.monotonic() - killed < 60
     errors = [line for line in stderr.splitlines() if line.startswith("vlm-grpoma train: error:")]
     assert len(errors) == 1 and f"rollout server {served.servers[0].url}" in errors[0], stderr[-3000:]
+
+
+def test_sigterm_during_an_overlapped_rollout_saves_and_exits_75_without_waiting_for_it(served, tmp_path):
+    """The prefetch of the next step is in flight on a daemon thread; SIGTERM finishes the step, saves and
+    exits 75 without taking the rollout it will not train on (the resumed run draws those prompts again)."""
+    import signal
+
+    model, overrides = served.start("qwen2_5_vl")
+    config = run_config(tmp_path, model, 2, "deepspeed: {zero_stage: 0}")
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    trainer = subprocess.Popen(
+        [sys.executable, str(TRAIN), "--config", str(config), *overrides]
+        + ["train.steps=500", "train.async_rollout.enabled=true", "checkpoint.save_every=0"],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while len(metrics.read_text().splitlines() if metrics.exists() else []) < 2:
+            assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()
+            time.sleep(0.2)
+        trainer.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        _, stderr = trainer.communicate(timeout=120)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    assert trainer.returncode == 75, stderr[-3000:]
+    assert time.monotonic() - signalled < 60
+    saved = [
+        int(path.name.removeprefix("step-")) for path in (tmp_path / "run" / "checkpoints").glob("step-*")
+    ]
+    assert saved == [len(metrics.read_text().splitlines())], (saved, stderr[-2000:])
 
 
 def trained_record_ids(output: Path) -> dict[int, list[str]]:
