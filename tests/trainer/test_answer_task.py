@@ -253,3 +253,22 @@ def test_answer_records_left_at_the_default_task_are_told_to_set_it(
         "vlm-grpoma train: error: data.task: is detection, but the training records are `answer` records (short "
         "text answers, what rewards.weights.answer_match scores); set data.task=answer\n"
     )
+
+
+def test_reward_noise_flips_training_scores_only(warm_start, answer_records):
+    """rewards.noise (the crossover experiment's control): the rollouts' answer_match scores are flipped about
+    half the time at flip=0.5, the clean score is logged beside them, and held-out scoring stays clean."""
+    run, rows = _train_from_warm_start(
+        warm_start,
+        answer_records["text"],
+        "grpo-noisy",
+        data={"eval_sets": {"held": str(answer_records["text"])}},
+        rewards={"noise": {"flip": 0.5, "reward": "answer_match"}},
+        train={"eval_every": 2},
+    )
+    trained = [r for r in rows if r["step"] > 0]
+    flipped = sum(r["reward/noise/flipped_mean"] for r in trained) / len(trained)
+    assert 0.3 < flipped < 0.7  # 2 steps x 32 answers at p = 0.5
+    assert all(0 <= r["reward/answer_match/clean_mean"] <= 1 for r in trained)
+    held = [r for r in rows if "eval/held/reward_mean" in r]
+    assert held and not any(key.startswith("eval/held/noise") for r in held for key in r)

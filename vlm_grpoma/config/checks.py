@@ -59,6 +59,12 @@ def validate(config: Config, world_size: int | None = None) -> None:
             f"rewards.options.{name}",
             f"options for a reward that is not in rewards.weights ({', '.join(config.rewards.weights)})",
         )
+    noise = config.rewards.noise
+    _require(
+        not noise.flip or noise.reward in config.rewards.weights,
+        "rewards.noise.reward",
+        f"{noise.reward!r} is not in rewards.weights ({', '.join(config.rewards.weights)}): nothing to flip",
+    )
     _require(
         t.logprob_pass == "naive" or config.model.attn_implementation in ("sdpa", "eager", "flex_attention"),
         "train.logprob_pass",

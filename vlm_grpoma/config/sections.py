@@ -292,6 +292,19 @@ class AlgorithmConfig:
 
 
 @dataclass
+class RewardNoiseConfig:
+    """An experimental control, not a training feature: training rewards made noisy given the answer, so the
+    answer-sampling noise the GRPO-MA theory is about can be dialled in (benchmarks/compare.py --plan
+    crossover). Held-out scores are never noisy."""
+
+    #: probability, in [0, 0.5], that the training score s in [0, 1] of rewards.noise.reward becomes 1 - s
+    #: (drawn per sampled answer; 0: off)
+    flip: float = checked(0.0, Range(ge=0, le=0.5))
+    #: the reward in rewards.weights whose score is flipped
+    reward: str = "answer_match"
+
+
+@dataclass
 class RewardConfig:
     """Reward functions by registered name, each with its weight in the total reward."""
 
@@ -303,6 +316,8 @@ class RewardConfig:
     )
     #: constructor options per reward, e.g. {iou: {mode: giou}, manipulation: {workers: 2, timeout_s: 5}}
     options: dict[str, dict[str, bool | int | float | str]] = field(default_factory=dict)
+    #: flip training scores at random (an experimental control; held-out scores stay clean)
+    noise: RewardNoiseConfig = field(default_factory=RewardNoiseConfig)
 
 
 @dataclass

@@ -24,6 +24,8 @@ from vlm_grpoma.datasets.jsonl import first_record_task
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import ConfigError
 from vlm_grpoma.models.attention import FLEX_ATTENTION
+from vlm_grpoma.rewards.base import Reward
+from vlm_grpoma.rewards.noise import NoisyRewards
 from vlm_grpoma.rewards.registry import build_rewards, check_rewards_fit_task
 from vlm_grpoma.rollout.backends import build_rollout_engine
 from vlm_grpoma.rollout.tree import RolloutTree
@@ -75,6 +77,12 @@ class GRPOMATrainer(Trainer):
             raise ConfigError(str(err)) from None
         super().__init__(config, model=model, held_out=load_eval_sets(config))
         self.rewards = rewards
+        noise = config.rewards.noise  # an experimental control: rollouts only, held-out scores stay clean
+        self.training_rewards: Reward = (
+            NoisyRewards(rewards, noise.reward, noise.flip, f"{config.seed}/{self.dist.rank}")
+            if noise.flip
+            else rewards
+        )
         self.rollout = build_rollout_engine(config, self.engine, self.adapter, dist=self.dist)
         overlap = config.train.async_rollout
         #: the next step's rollout in flight while this one trains (train.async_rollout), or None
@@ -127,14 +135,14 @@ class GRPOMATrainer(Trainer):
                 self.adapter.build_inputs(records),
                 self._sampling_params(refill_round),
                 adaptive,
-                lambda part: score_tree(part, records, self.adapter, self.rewards),
+                lambda part: score_tree(part, records, self.adapter, self.training_rewards),
                 timer,
             )
             return ScoredBatch(records, tree, scored)
         with timer("rollout"):
             tree = self._rollout(records, refill_round)
         with timer("reward"):
-            scored = score_tree(tree, records, self.adapter, self.rewards)
+            scored = score_tree(tree, records, self.adapter, self.training_rewards)
         return ScoredBatch(records, tree, scored)
 
     def _first_batch(self, timer: PhaseTimer) -> tuple[ScoredBatch, dict[str, float], float]:
@@ -149,7 +157,7 @@ class GRPOMATrainer(Trainer):
             batch = self._scored(self.next_records() if taken is None else taken.records, timer)
             return batch, SYNCHRONOUS if taken is None else taken.metrics(), 0.0
         with timer("reward"):
-            scored = score_tree(taken.tree, taken.records, self.adapter, self.rewards)
+            scored = score_tree(taken.tree, taken.records, self.adapter, self.training_rewards)
         return ScoredBatch(taken.records, taken.tree, scored), taken.metrics(), taken.overlap_s
 
     def _prefetch_next(self) -> None:
