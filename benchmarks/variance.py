@@ -16,7 +16,16 @@
    thoughts) with 95 % normal intervals (delta method over the draws of the K thoughts; both arms use the same
    answer draws).
 
+4. The crossover (``--crossover``, issue #52): a task whose answer copies its thought's result (thought correct
+   with probability ``accuracy``, the answer's reward then 1, else 0), with each answer's reward flipped with
+   probability p (``rewards.noise.flip``): given its thought an answer scores Bernoulli(v_k), v_k = p or 1 − p.
+   Per arm at 16 answers a prompt (T16A1, T8A2, T4A4) and p: the paper's conditional variance (answers redrawn,
+   thoughts fixed); the *signal* S = E[A_k | correct] − E[A_k | wrong] and the *noise* N = Var(A_k | correctness)
+   of the thought advantage over thoughts and answers both; the per-thought S²/N and the per-prompt K·S²/N (K
+   independent thoughts push one gradient). p* is where T4A4's per-prompt S²/N first reaches T16A1's.
+
     python benchmarks/variance.py [--quick] [--a 2 --b 2 --sets 256 --replicates 128 --prior-dof 2 --seed 0]
+    python benchmarks/variance.py --crossover [--accuracy 0.55]
 """
 
 from __future__ import annotations
@@ -365,6 +374,113 @@ def print_allocation_table(
     )
 
 
+#: (K, M) of the crossover arms: 16 answers per prompt each
+CROSSOVER_ARMS = ((16, 1), (8, 2), (4, 4))
+CROSSOVER_FLIPS = tuple(round(0.05 * i, 2) for i in range(10))
+
+
+@dataclass(frozen=True)
+class CrossoverPoint:
+    """One arm at one flip probability: the conditional variance, the signal, the noise, and S²/N per thought
+    and per prompt."""
+
+    thoughts: int
+    answers: int
+    flip: float
+    conditional: float
+    signal: float
+    noise: float
+
+    @property
+    def per_thought(self) -> float:
+        return self.signal**2 / self.noise if self.noise > 0 else math.inf
+
+    @property
+    def per_prompt(self) -> float:
+        return self.thoughts * self.per_thought
+
+
+def crossover_point(
+    thoughts: int,
+    answers: int,
+    flip: float,
+    accuracy: float,
+    sets: int,
+    replicates: int,
+    gen: torch.Generator,
+) -> CrossoverPoint:
+    """The flipped copy-the-thought model of section 4 for one arm and flip probability."""
+    correct = (torch.rand(sets, thoughts, generator=gen, dtype=torch.float64) < accuracy).double()
+    value = correct * (1 - flip) + (1 - correct) * flip
+    repeated = value.unsqueeze(1).expand(-1, replicates, -1)
+    thought_adv = grpo_ma_advantages(
+        bernoulli_answers(repeated, answers, gen).reshape(-1, thoughts, answers)
+    )[0]
+    thought_adv = thought_adv.reshape(sets, replicates, thoughts)
+    conditional = replicate_variance(thought_adv).mean().item()
+    right = correct.unsqueeze(1).expand_as(thought_adv).bool()
+    signal = (thought_adv[right].mean() - thought_adv[~right].mean()).item()
+    share = right.double().mean().item()
+    noise = share * thought_adv[right].var().item() + (1 - share) * thought_adv[~right].var().item()
+    return CrossoverPoint(thoughts, answers, flip, conditional, signal, noise)
+
+
+def crossover_curve(
+    accuracy: float,
+    sets: int,
+    replicates: int,
+    gen: torch.Generator,
+    flips: Sequence[float] = CROSSOVER_FLIPS,
+) -> list[CrossoverPoint]:
+    return [
+        crossover_point(k, m, flip, accuracy, sets, replicates, gen)
+        for flip in flips
+        for k, m in CROSSOVER_ARMS
+    ]
+
+
+def predicted_crossover(points: Sequence[CrossoverPoint], per: str = "prompt") -> float | None:
+    """The smallest flip probability at which T4A4's S²/N (``per`` prompt or thought) reaches T16A1's (linear
+    interpolation between grid points), or None where it never does on the grid."""
+
+    def snr(point: CrossoverPoint) -> float:
+        return point.per_prompt if per == "prompt" else point.per_thought
+
+    ratio = {
+        p.flip: snr(p)
+        / next(snr(q) for q in points if q.flip == p.flip and (q.thoughts, q.answers) == (16, 1))
+        for p in points
+        if (p.thoughts, p.answers) == (4, 4)
+    }
+    flips = sorted(ratio)
+    for low, high in zip(flips, flips[1:]):
+        if ratio[low] < 1 <= ratio[high]:
+            return low + (1 - ratio[low]) / (ratio[high] - ratio[low]) * (high - low)
+    return flips[0] if flips and ratio[flips[0]] >= 1 else None
+
+
+def print_crossover(accuracy: float, sets: int, replicates: int, gen: torch.Generator) -> float | None:
+    points = crossover_curve(accuracy, sets, replicates, gen)
+    print(
+        f"(4) CROSSOVER: thoughts right with probability {accuracy:g}, the answer copies the thought's result, "
+        "each answer's reward flipped with probability p\n"
+        "    cond: Var(A_k | thoughts) (the paper's); S = E[A|right] - E[A|wrong]; N = Var(A | right or wrong);"
+        " S2/N per thought, K*S2/N per prompt"
+    )
+    print(f"{'p':>5} | " + " | ".join(f"{f'T{k}A{m}: cond  S2/N  K*S2/N':>30}" for k, m in CROSSOVER_ARMS))
+    for flip in CROSSOVER_FLIPS:
+        row = [p for p in points if p.flip == flip]
+        cells = [f"{p.conditional:7.3f} {p.per_thought:6.2f} {p.per_prompt:8.2f}" for p in row]
+        print(f"{flip:>5.2f} | " + " | ".join(f"{c:>30}" for c in cells))
+    for per in ("thought", "prompt"):
+        star = predicted_crossover(points, per)
+        print(
+            f"p* (T4A4's per-{per} S2/N reaches T16A1's): "
+            + (f"{star:.2f}" if star is not None else f"none for p <= {CROSSOVER_FLIPS[-1]:g}")
+        )
+    return predicted_crossover(points)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -376,9 +492,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--replicates", type=int, default=128, help="answer replicates per draw")
     parser.add_argument("--prior-dof", type=float, default=2.0, help="shrinkage ν of the adaptive arm")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--crossover", action="store_true", help="only section 4, the crossover prediction")
+    parser.add_argument(
+        "--accuracy", type=float, default=0.55, help="section 4: share of thoughts that are right"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(args.seed)
+    if args.crossover:
+        print_crossover(args.accuracy, 4 * args.sets, args.replicates // 4 or 1, gen)
+        return
     thoughts_grid, answers_grid, sets = (
         ((4, 16), (4, 16), args.sets // 2) if args.quick else (THOUGHTS, ANSWERS, args.sets)
     )

@@ -1,10 +1,11 @@
 """What the GRPO-MA vs GRPO comparison runs: tasks, T{K}A{M} arms, seeds, sizes (full and ``--quick``).
 
-Three plans: ``toy`` (short thoughts that restate the answer; every arm trains the same number of steps),
+Four plans: ``toy`` (short thoughts that restate the answer; every arm trains the same number of steps),
 ``paper-regime`` (relational shapes: a ~120-token thought that decides which of 3-6 shapes the ~25-token answer
 boxes) and ``reasoning`` (text-only multi-step arithmetic: the thought computes the chain the ~4-token answer ends
 it with); the last two train every arm for the same seconds of step time, held-out scores read against time and
-steps.
+steps. ``crossover`` trains T16A1 and T4A4 on the arithmetic task with the answers' rewards flipped at random
+(``rewards.noise.flip``), to find the noise at which M answers per thought start to pay (issue #52).
 Every arm of a task starts from the same SFT warm start and sees the same data; arms differ only in K and M
 (and their seed, which sets the data order and the sampling).
 """
@@ -22,19 +23,31 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 class Arm:
     """One sampling configuration: K thoughts per prompt, M answers per thought (T4A1 = GRPO with 4 samples);
     ``adaptive`` (T4A4-adaptive): the same K·M answers per prompt, 2 per thought first, the rest allocated by
-    Neyman (``rollout.adaptive_answers``, 2..2M per thought)."""
+    Neyman (``rollout.adaptive_answers``, 2..2M per thought); ``flip`` (T4A4-flip0.2): training rewards flipped
+    with that probability per answer (``rewards.noise.flip``, the crossover plan's control)."""
 
     thoughts: int
     answers: int
     adaptive: bool = False
+    flip: float = 0.0
 
     @property
     def name(self) -> str:
+        return (
+            f"T{self.thoughts}A{self.answers}"
+            + ("-adaptive" if self.adaptive else "")
+            + (f"-flip{self.flip:g}" if self.flip else "")
+        )
+
+    @property
+    def base(self) -> str:
+        """The name without the noise: the arm's sampling configuration."""
         return f"T{self.thoughts}A{self.answers}" + ("-adaptive" if self.adaptive else "")
 
     def overrides(self) -> tuple[str, ...]:
-        """The run config's rollout keys for this arm."""
+        """The run config's rollout (and, with ``flip``, reward-noise) keys for this arm."""
         keys = (f"rollout.num_thoughts={self.thoughts}", f"rollout.answers_per_thought={self.answers}")
+        keys += (f"rewards.noise.flip={self.flip:g}",) if self.flip else ()
         if not self.adaptive:
             return keys
         return (
@@ -52,13 +65,19 @@ class Arm:
 
     @classmethod
     def parse(cls, text: str) -> Arm:
-        match = re.fullmatch(r"T(\d+)A(\d+)(-adaptive)?", text)
-        if not match or int(match[1]) < 2 or int(match[2]) < (2 if match[3] else 1):
+        match = re.fullmatch(r"T(\d+)A(\d+)(-adaptive)?(?:-flip(0(?:\.\d+)?))?", text)
+        if (
+            not match
+            or int(match[1]) < 2
+            or int(match[2]) < (2 if match[3] else 1)
+            or float(match[4] or 0) > 0.5
+        ):
             raise ValueError(
                 f"arm {text!r}: write T<K>A<M> with K >= 2 thoughts and M >= 1 answers, e.g. T4A4, or "
-                "T<K>A<M>-adaptive with M >= 2 (K·M answers per prompt allocated per thought)"
+                "T<K>A<M>-adaptive with M >= 2 (K·M answers per prompt allocated per thought), optionally "
+                "ending -flip<p> (training rewards flipped with probability p <= 0.5)"
             )
-        return cls(int(match[1]), int(match[2]), bool(match[3]))
+        return cls(int(match[1]), int(match[2]), bool(match[3]), float(match[4] or 0))
 
 
 @dataclass(frozen=True)
@@ -124,6 +143,14 @@ ARITHMETIC = TaskSetup(
     records_task="answer",
 )
 
+
+#: the crossover plan: arms at 16 answers a prompt, flip probabilities bracketing the predicted crossover
+#: (benchmarks/variance.py --crossover), seconds of step time per run
+CROSSOVER_ARMS = ("T16A1", "T4A4")
+CROSSOVER_FLIPS = (0.0, 0.2, 0.4)
+CROSSOVER_SEEDS = (0, 1, 2, 3, 4)
+CROSSOVER_BUDGET_S = 150.0
+CROSSOVER_TITLE = "When do M answers per thought pay? T4A4 vs T16A1 as the answers' rewards get noisier"
 
 PAPER_TITLE = "Results in the paper's regime: GRPO-MA vs GRPO at equal time"
 REASONING_TITLE = "Results on a reasoning task: GRPO-MA vs GRPO at equal time"
@@ -269,12 +296,30 @@ class ComparePlan:
         return cls.reasoning(quick=True)
 
     @classmethod
+    def crossover(cls, quick: bool = False) -> ComparePlan:
+        """T16A1 and T4A4 at every flip probability on the arithmetic task, one warm start for all of them."""
+        plan = cls.equal_time_plan(
+            "crossover", ARITHMETIC, quick, title=CROSSOVER_TITLE, scale=REASONING_SCALE
+        )
+        arms = tuple(
+            replace(Arm.parse(name), flip=flip) for flip in CROSSOVER_FLIPS for name in CROSSOVER_ARMS
+        )
+        if quick:
+            return replace(plan, arms=arms)
+        return replace(plan, arms=arms, seeds=CROSSOVER_SEEDS, time_budget_s=CROSSOVER_BUDGET_S)
+
+    @classmethod
+    def crossover_quick(cls) -> ComparePlan:
+        return cls.crossover(quick=True)
+
+    @classmethod
     def named(cls, name: str, quick: bool = False) -> ComparePlan:
         """The plan ``benchmarks/compare.py --plan NAME [--quick]`` runs."""
         plans = {
             "toy": (cls.full, cls.quick),
             "paper-regime": (cls.paper_regime, cls.paper_regime_quick),
             "reasoning": (cls.reasoning, cls.reasoning_quick),
+            "crossover": (cls.crossover, cls.crossover_quick),
         }
         if name not in plans:
             raise ValueError(f"--plan: unknown plan {name!r}; choose {', '.join(plans)}")
