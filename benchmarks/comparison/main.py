@@ -1,4 +1,4 @@
-"""``python benchmarks/compare.py [--plan toy|paper-regime|reasoning] [--quick]``: run every command of the comparison,
+"""``python benchmarks/compare.py [--plan toy|paper-regime|reasoning|crossover] [--quick]``: run every command of the comparison,
 then write the report."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from comparison.crossover import write_crossover
 from comparison.graph import Layout, build_jobs
 from comparison.jobs import REPO, JobFailed, run_jobs
 from comparison.plan import ComparePlan
@@ -24,8 +25,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--plan",
         default="toy",
         help="toy (default: short thoughts, equal steps; writes docs/results.md), paper-regime (long "
-        "thoughts that decide, equal time; writes docs/results-paper-regime.md) or reasoning (text-only "
-        "arithmetic, equal time; writes docs/results-reasoning.md)",
+        "thoughts that decide, equal time; writes docs/results-paper-regime.md), reasoning (text-only "
+        "arithmetic, equal time; writes docs/results-reasoning.md) or crossover (T16A1 vs T4A4 as the "
+        "answers' rewards get noisier; resumable, writes docs/results-crossover.md from the runs finished so far)",
     )
     p.add_argument(
         "--quick", action="store_true", help="the few-minute version: 1 seed, short runs (a smoke test)"
@@ -68,7 +70,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="file name of the report under --docs (default results.md for the whole toy plan, "
         "results-<plan>.md otherwise), e.g. results-adaptive.md so a subset does not overwrite a whole plan's",
     )
-    p.add_argument("--report-only", action="store_true", help="rewrite the report from finished runs")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the report from finished runs (crossover: from those finished so far)",
+    )
     return p.parse_args(argv)
 
 
@@ -105,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     (root / ROOT_MARKER).touch()
     jobs = build_jobs(plan, layout)
     start = time.perf_counter()
-    if args.report_only:
+    crossover = plan.name.startswith("crossover")
+    if args.report_only and crossover:
+        timings = {}
+    elif args.report_only:
         timings = {job.name: job.finished() for job in jobs}
         missing = [name for name, timing in timings.items() if timing is None]
         if missing:
@@ -123,8 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         except JobFailed as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
-    whole = plan.name in ("full", "paper-regime", "reasoning")
+    whole = plan.name in ("full", "paper-regime", "reasoning", "crossover")
     docs = Path(args.docs) if args.docs else REPO / "docs" if whole else layout.root
-    path = write_results(plan, layout, jobs, timings, docs, args.page)
+    if crossover:
+        path = write_crossover(plan, layout, jobs, docs, report_names(plan, args.page)[0])
+    else:
+        path = write_results(plan, layout, jobs, timings, docs, args.page)
     print(f"[compare] wrote {path} in {(time.perf_counter() - start) / 60:.1f} min")
     return 0

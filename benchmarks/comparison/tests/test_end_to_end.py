@@ -166,3 +166,22 @@ def test_reasoning_quick_trains_every_arm_on_text_only_arithmetic_and_answers_ev
     assert [name for name, *_ in verdicts] == ["H1", "H2", "H3", "H4", "H5"]
     assert "held-out accuracy" in verdicts[1][1] and "IoU" not in verdicts[1][1]
     assert "T8A2 or T4A4 was not run" in text  # H3 names the arm a subset left out
+
+
+def test_crossover_quick_trains_noisy_arms_and_reports_from_the_finished_runs(tmp_path, monkeypatch):
+    """The noise reaches training (about 40 % of the scores flipped) but not the held-out scores, and the page
+    counts, pairs and judges what finished."""
+    plan, layout, docs = run_quick_plan("crossover", ["T16A1-flip0.4", "T4A4-flip0.4"], tmp_path, monkeypatch)
+    task = plan.tasks[0]
+    flipped = []
+    for arm in plan.arms:
+        rows = [
+            json.loads(line) for line in (layout.arm(task, arm, 0) / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert rows[-1]["time/trained_s"] >= plan.time_budget_s
+        flipped += [r["reward/noise/flipped_mean"] for r in rows if r["step"] > 0]
+        assert not any(key.startswith("eval/test/noise") for r in rows for key in r)
+    assert 0.2 < sum(flipped) / len(flipped) < 0.6
+    text = (docs / "results-crossover-quick-subset.md").read_text()
+    assert text.startswith("# When do M answers per thought pay?") and "Runs finished: **2 of 2**" in text
+    assert "**H3**: too few pairs" in text and "(1 pair)" in text

@@ -22,6 +22,27 @@ def test_arm_names_round_trip_and_bad_names_say_the_form():
             Arm.parse(bad)
 
 
+def test_noisy_arms_name_their_flip_and_set_the_reward_noise():
+    arm = Arm.parse("T4A4-flip0.2")
+    assert arm == Arm(4, 4, flip=0.2) and arm.name == "T4A4-flip0.2" and arm.base == "T4A4"
+    assert "rewards.noise.flip=0.2" in arm.overrides() and Arm(16, 1).overrides()[-1].startswith("rollout.")
+    for bad in ("T4A4-flip0.7", "T4A4-flip", "T4A4-flip-0.1"):
+        with pytest.raises(ValueError, match="-flip<p>"):
+            Arm.parse(bad)
+    plan = ComparePlan.named("crossover")
+    assert [a.name for a in plan.arms] == [
+        "T16A1",
+        "T4A4",
+        "T16A1-flip0.2",
+        "T4A4-flip0.2",
+        "T16A1-flip0.4",
+        "T4A4-flip0.4",
+    ]
+    assert (
+        plan.seeds == (0, 1, 2, 3, 4) and plan.time_budget_s == 150 and {a.samples for a in plan.arms} == {16}
+    )
+
+
 def test_full_plan_is_the_issue_grid_and_arms_compare_at_equal_samples():
     plan = ComparePlan.full()
     assert [t.name for t in plan.tasks] == ["detection", "manipulation"]
@@ -90,6 +111,8 @@ PLANS = [
     ComparePlan.paper_regime_quick(),
     ComparePlan.reasoning(),
     ComparePlan.reasoning_quick(),
+    ComparePlan.crossover(),
+    ComparePlan.crossover_quick(),
 ]
 
 
