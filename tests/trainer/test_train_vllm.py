@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -241,23 +242,16 @@ def test_train_through_a_rollout_server_on_two_cpu_ranks_with_zero3(served, tmp_
     check_run(run, tmp_path / "run")
 
 
-@pytest.mark.parametrize("overlap", ["sync", "async"])
-def test_a_server_killed_mid_run_stops_training_with_one_line(served, tmp_path, overlap):
-    """Synchronous or one step off (the kill then lands during a prefetch, raised where the step takes it)."""
+def interrupted_training(
+    served, tmp_path: Path, extra: list[str], logged_steps: int, interrupt: Callable[[subprocess.Popen], Any]
+) -> tuple[int, str, float]:
+    """Train through a fresh server (with ``extra`` overrides) until ``logged_steps`` steps are logged, then
+    ``interrupt(trainer)``: the exit code, stderr, and seconds from the interrupt to the exit."""
     model, overrides = served.start("qwen2_5_vl")
-    overrides += ["train.async_rollout.enabled=true"] if overlap == "async" else []
     config = run_config(tmp_path, model, 2, "deepspeed: {zero_stage: 0}")
     metrics = tmp_path / "run" / "metrics.jsonl"
     trainer = subprocess.Popen(
-        [
-            sys.executable,
-            str(TRAIN),
-            "--config",
-            str(config),
-            *overrides,
-            "train.steps=500",
-            "rollout.server.timeout_s=20",
-        ],
+        [sys.executable, str(TRAIN), "--config", str(config), *overrides, "train.steps=500", *extra],
         env=clean_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -265,16 +259,28 @@ def test_a_server_killed_mid_run_stops_training_with_one_line(served, tmp_path, 
     )
     try:
         deadline = time.monotonic() + 600
-        while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline:
-            assert trainer.poll() is None, trainer.communicate()
-            time.sleep(0.5)
-        served.servers[0].stop()
-        killed = time.monotonic()
+        while len(metrics.read_text().splitlines() if metrics.exists() else []) < logged_steps:
+            assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()
+            time.sleep(0.2)
+        interrupt(trainer)
+        interrupted = time.monotonic()
         _, stderr = trainer.communicate(timeout=120)
     finally:
         if trainer.poll() is None:
             trainer.kill()
-    assert trainer.returncode == 1 and time.monotonic() - killed < 60
+    return trainer.returncode, stderr, time.monotonic() - interrupted
+
+
+@pytest.mark.parametrize("overlap", ["sync", "async"])
+def test_a_server_killed_mid_run_stops_training_with_one_line(served, tmp_path, overlap):
+    """Synchronous or one step off (the kill then lands during a prefetch, raised where the step takes it)."""
+    extra = ["rollout.server.timeout_s=20"] + (
+        ["train.async_rollout.enabled=true"] if overlap == "async" else []
+    )
+    code, stderr, seconds = interrupted_training(
+        served, tmp_path, extra, 1, lambda _: served.servers[0].stop()
+    )
+    assert code == 1 and seconds < 60
     errors = [line for line in stderr.splitlines() if line.startswith("vlm-grpoma train: error:")]
     assert len(errors) == 1 and f"rollout server {served.servers[0].url}" in errors[0], stderr[-3000:]
 
@@ -284,34 +290,14 @@ def test_sigterm_during_an_overlapped_rollout_saves_and_exits_75_without_waiting
     exits 75 without taking the rollout it will not train on (the resumed run draws those prompts again)."""
     import signal
 
-    model, overrides = served.start("qwen2_5_vl")
-    config = run_config(tmp_path, model, 2, "deepspeed: {zero_stage: 0}")
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    trainer = subprocess.Popen(
-        [sys.executable, str(TRAIN), "--config", str(config), *overrides]
-        + ["train.steps=500", "train.async_rollout.enabled=true", "checkpoint.save_every=0"],
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    extra = ["train.async_rollout.enabled=true", "checkpoint.save_every=0"]
+    code, stderr, seconds = interrupted_training(
+        served, tmp_path, extra, 2, lambda trainer: trainer.send_signal(signal.SIGTERM)
     )
-    try:
-        deadline = time.monotonic() + 600
-        while len(metrics.read_text().splitlines() if metrics.exists() else []) < 2:
-            assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()
-            time.sleep(0.2)
-        trainer.send_signal(signal.SIGTERM)
-        signalled = time.monotonic()
-        _, stderr = trainer.communicate(timeout=120)
-    finally:
-        if trainer.poll() is None:
-            trainer.kill()
-    assert trainer.returncode == 75, stderr[-3000:]
-    assert time.monotonic() - signalled < 60
-    saved = [
-        int(path.name.removeprefix("step-")) for path in (tmp_path / "run" / "checkpoints").glob("step-*")
-    ]
-    assert saved == [len(metrics.read_text().splitlines())], (saved, stderr[-2000:])
+    assert code == 75 and seconds < 60, stderr[-3000:]
+    run = tmp_path / "run"
+    saved = [int(path.name.removeprefix("step-")) for path in (run / "checkpoints").glob("step-*")]
+    assert saved == [len((run / "metrics.jsonl").read_text().splitlines())], (saved, stderr[-2000:])
 
 
 def trained_record_ids(output: Path) -> dict[int, list[str]]:
@@ -405,6 +391,19 @@ def test_async_rollouts_staler_than_max_staleness_are_sampled_again(served, tmp_
     assert trained_record_ids(output) == order
 
 
+def serve_and_train_env(tmp_path: Path, port: int, ranks: int) -> dict[str, str]:
+    """launch/train.sh's environment for one CPU rollout server (logs in tmp_path/servers) and ``ranks`` CPU
+    trainer ranks running this test's training script."""
+    return clean_env(
+        CPU_RANKS=str(ranks),
+        ROLLOUT_SERVERS="1",
+        ROLLOUT_PORT=str(port),
+        ROLLOUT_LOG_DIR=str(tmp_path / "servers"),
+        DEEPSPEED=str(Path(sys.executable).parent / "deepspeed"),
+        TRAIN_SCRIPT=str(TRAIN),
+    )
+
+
 @pytest.mark.launcher
 def test_train_sh_serve_and_train_layout_trains_two_ranks_async_through_its_server(tiny_model_dir, tmp_path):
     """ROLLOUT_SERVERS=1 CPU_RANKS=2: launch/train.sh starts one rollout server with the run's config, waits
@@ -413,17 +412,9 @@ def test_train_sh_serve_and_train_layout_trains_two_ranks_async_through_its_serv
 
     port = free_port()
     config = run_config(tmp_path, tiny_model_dir("qwen3_vl", "small"), 4, "deepspeed: {zero_stage: 3}")
-    deepspeed = Path(sys.executable).parent / "deepspeed"
     run = subprocess.run(
         ["bash", str(REPO / "launch" / "train.sh"), str(config), "train.async_rollout.enabled=true"],
-        env=clean_env(
-            CPU_RANKS="2",
-            ROLLOUT_SERVERS="1",
-            ROLLOUT_PORT=str(port),
-            ROLLOUT_LOG_DIR=str(tmp_path / "servers"),
-            DEEPSPEED=str(deepspeed),
-            TRAIN_SCRIPT=str(TRAIN),
-        ),
+        env=serve_and_train_env(tmp_path, port, ranks=2),
         capture_output=True,
         text=True,
         timeout=900,
@@ -453,14 +444,7 @@ def test_a_serve_and_train_launcher_killed_with_sigkill_leaves_no_server(tiny_mo
     config = run_config(tmp_path, tiny_model_dir("qwen2_5_vl", "small"), 1)
     launcher = subprocess.Popen(
         ["bash", str(REPO / "launch" / "train.sh"), str(config), "train.steps=100000"],
-        env=clean_env(
-            CPU_RANKS="1",
-            ROLLOUT_SERVERS="1",
-            ROLLOUT_PORT=str(port),
-            ROLLOUT_LOG_DIR=str(tmp_path / "servers"),
-            DEEPSPEED=str(Path(sys.executable).parent / "deepspeed"),
-            TRAIN_SCRIPT=str(TRAIN),
-        ),
+        env=serve_and_train_env(tmp_path, port, ranks=1),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
