@@ -75,7 +75,7 @@ def measure_pushes(preset: str, workdir: Path, repeats: int, rank: int) -> list[
     from vlm_grpoma.rollout.server.client import ServerRolloutEngine
 
     folder = build_tiny_model("qwen2_5_vl", workdir / f"push-{preset}", seed=0, preset=preset)
-    server = start_server(folder, workdir / f"push-{preset}.log")
+    server = start_server(folder, workdir / f"push-{preset}.log", "model.lora.enabled=true")
     rows = []
     try:
         for lora in (False, True):

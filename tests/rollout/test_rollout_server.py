@@ -33,6 +33,8 @@ pytestmark = [
         reason="vLLM is not installed in this environment (`make test-vllm` runs these tests in .venv-vllm)",
     ),
 ]
+#: the module's server: the trainer's pixel bounds, and LoRA on so that it can take LoRA-only pushes
+SERVER_OVERRIDES = ("model.max_pixels=12544", "model.lora.enabled=true")
 PARAMS = SamplingParams(
     num_thoughts=2, answers_per_thought=2, max_thought_tokens=6, max_answer_tokens=4, seed=1, ignore_stop=True
 )
@@ -55,7 +57,7 @@ def setup(tiny_model_dir, tmp_path_factory):
     loaded = load_model(model_cfg)
     loaded.model.eval()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    server = start_server(folder, log, "model.max_pixels=12544")
+    server = start_server(folder, log, *SERVER_OVERRIDES)
     config = Config(
         model=model_cfg,
         rollout=RolloutConfig(backend="vllm_server", server=RolloutServerConfig([server.url], timeout_s=8)),
@@ -142,7 +144,7 @@ def test_a_restarted_server_gets_the_current_weights_before_it_serves(setup, tmp
             engine.sample(prompts, PARAMS)
         port = int(server.url.rsplit(":", 1)[1])
         restarted = start_server(
-            config.model.name_or_path, tmp_path / "restarted.log", "model.max_pixels=12544", port=port
+            config.model.name_or_path, tmp_path / "restarted.log", *SERVER_OVERRIDES, port=port
         )
         assert restarted.health()["session"] is None  # the checkpoint's weights
         after = engine.sample(prompts, PARAMS)

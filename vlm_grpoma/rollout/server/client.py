@@ -141,8 +141,9 @@ class ServerRolloutEngine:
         if base is None or base.fingerprint == theirs:
             return base
         print(
-            f"rollout server {self.url}: its base model files differ from the trainer's {name_or_path}, or it "
-            "cannot read them; pushing the full weights every step instead of the LoRA adapters",
+            f"rollout server {self.url}: it was not started with model.lora.enabled (the run's config), or its "
+            f"base model files differ from the trainer's {name_or_path}; pushing the full weights every step "
+            "instead of the LoRA adapters",
             file=sys.stderr,
         )
         return None

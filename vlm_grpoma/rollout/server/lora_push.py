@@ -11,6 +11,7 @@ and the pushed tensors together.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -145,8 +146,9 @@ class BaseCheckpoint:
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
 
+    @functools.cached_property
     def shapes(self) -> dict[str, tuple[str, tuple[int, ...]]]:
-        """Canonical name -> (stored name, shape) of every tensor."""
+        """Canonical name -> (stored name, shape) of every tensor (read from the headers once)."""
         from safetensors import safe_open
 
         found = {}
@@ -159,7 +161,7 @@ class BaseCheckpoint:
     def check(self, push: LeanPush, what: str) -> None:
         """Every pushed name is a base tensor of the shape the push implies (WireError naming the first that
         is not), before anything is loaded."""
-        shapes = self.shapes()
+        shapes = self.shapes
 
         def expect(name: str, shape: tuple[int, ...]) -> None:
             stored = shapes.get(canonical_name(name))

@@ -460,7 +460,8 @@ def build_service(config: Config, verifier: RequestVerifier | None = None) -> Ro
         config.model.name_or_path, config.model.trust_remote_code
     )
     limits = ServerLimits.for_model(pushed_parameters(config), context, adapter.max_pixels)
-    base = BaseCheckpoint.of_model(config.model.name_or_path)
+    # LoRA runs push adapters onto the base files; hashing them (about a second per GB) only for those
+    base = BaseCheckpoint.of_model(config.model.name_or_path) if config.model.lora.enabled else None
     return RolloutService(engine, description, limits, verifier, base)
 
 
