@@ -435,7 +435,7 @@ def trl_messages(adapter, record: Record) -> list[dict[str, str]]:
     """Our adapter's chat for ``record`` as plain-text messages; TRL inserts the record's image itself."""
     return [
         {"role": msg["role"], "content": "".join(p["text"] for p in msg["content"] if p["type"] == "text")}
-        for msg in adapter.messages(record, image=Image.new("RGB", (8, 8)))
+        for msg in adapter.messages(record, [Image.new("RGB", (8, 8))])
     ]
 
 

@@ -78,7 +78,7 @@ def test_corrupt_image_names_record_and_file(adapter, tmp_path):
 def test_image_size_mismatch_is_named(adapter, tmp_path):
     record = make_record(tmp_path)
     with pytest.raises(ValueError, match="r0"):
-        adapter.build_inputs([record], images=[Image.new("RGB", (50, 50))])
+        adapter.build_inputs([record], images=[[Image.new("RGB", (50, 50))]])
 
 
 def test_messages_state_the_format_and_the_frame(adapter, tmp_path):
@@ -111,7 +111,7 @@ def test_inputs_match_the_reference_resize(adapter, tmp_path, size):
     (prompt,) = adapter.build_inputs([record])
     factor = adapter.family.factor
     h, w = reference_smart_resize(size[1], size[0], factor, MIN_PIXELS, MAX_PIXELS)
-    assert prompt.image.size == (w, h) == adapter.resized_size(*size)
+    assert prompt.images[0].size == (w, h) == adapter.resized_size(*size)
     patch = adapter.family.patch_size
     assert prompt.image_grid_thw.tolist() == [[1, h // patch, w // patch]]
     n_tokens = int((prompt.input_ids == adapter.tokens.image_id).sum())

@@ -16,7 +16,7 @@ def test_text_only_record_builds_a_prompt_without_an_image_in_every_family(tiny_
     messages = adapter.messages(RECORD)
     assert all(part["type"] == "text" for m in messages for part in m["content"])
     (inputs,) = adapter.build_inputs([RECORD])
-    assert inputs.image is None and inputs.pixel_values is None and inputs.image_grid_thw is None
+    assert inputs.images == () and inputs.pixel_values is None and inputs.image_grid_thw is None
     assert "What is 7 * 8?" in inputs.text and "<|vision_start|>" not in inputs.text
     assert "Answer with the final answer alone" in inputs.text
     assert adapter.tokenizer.decode(inputs.input_ids) == inputs.text

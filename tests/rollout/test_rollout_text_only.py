@@ -68,5 +68,5 @@ def test_vllm_request_for_a_text_only_prompt_has_no_multi_modal_data(tiny_model_
         num_thoughts=2, answers_per_thought=1, max_thought_tokens=6, max_answer_tokens=4, seed=1
     )
     (request,) = RequestBuilder.for_adapter(adapter).thoughts(prompts, [3], params)
-    assert request.image is None
+    assert request.images == ()
     assert request.prompt() == {"prompt_token_ids": prompts[0].input_ids.tolist()}

@@ -17,7 +17,7 @@ def _prompt(ids: list[int]) -> PromptInputs:
     return PromptInputs(
         record=None,
         text="",
-        image=None,
+        images=(),
         input_ids=torch.tensor(ids),
         pixel_values=torch.zeros(1, 1),
         image_grid_thw=torch.ones(1, 3, dtype=torch.long),

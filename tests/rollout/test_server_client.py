@@ -67,10 +67,10 @@ def test_prompts_params_and_trees_survive_the_wire(loaded):
     served = decode_prompts(body["prompts"], "t")
     for ours, theirs in zip(prompts, served, strict=True):
         assert theirs.record.id == ours.record.id and torch.equal(theirs.input_ids, ours.input_ids)
-        assert (
-            theirs.image.size == ours.image.size
-            and theirs.image.tobytes() == ours.image.convert("RGB").tobytes()
-        )
+        assert len(theirs.images) == len(ours.images)
+        for mine, served_image in zip(ours.images, theirs.images):
+            assert served_image.size == mine.size
+            assert served_image.tobytes() == mine.convert("RGB").tobytes()
     assert decode_params(body["params"], "t") == params
     back = decode_tree(body["tree"], prompts, "t")
     for name, value in vars(tree).items():
@@ -96,7 +96,13 @@ def test_a_foreign_or_damaged_body_is_refused_without_running_it(tmp_path):
     with pytest.raises(WireError, match="num_thoughts"):
         decode_params({"num_thoughts": 0}, "POST /sample")
     with pytest.raises(WireError, match="prompts\\[0\\]: input_ids must be a 1-d long tensor"):
-        decode_prompts([{"record_id": "a", "input_ids": torch.zeros(2, 2), "image": None}], "POST /sample")
+        decode_prompts([{"record_id": "a", "input_ids": torch.zeros(2, 2), "images": []}], "POST /sample")
+    ids = torch.zeros(3, dtype=torch.long)
+    with pytest.raises(WireError, match="prompts\\[0\\]: images\\[1\\] must be a uint8 \\[H, W, 3\\] tensor"):
+        good = torch.zeros(4, 4, 3, dtype=torch.uint8)
+        decode_prompts([{"record_id": "a", "input_ids": ids, "images": [good, good[..., 0]]}], "POST /sample")
+    with pytest.raises(WireError, match="prompts\\[0\\]: 'images' is NoneType"):
+        decode_prompts([{"record_id": "a", "input_ids": ids, "images": None}], "POST /sample")
 
 
 def test_the_weights_digest_sees_any_change():

@@ -122,7 +122,11 @@ def running(
     sampler = HFRolloutEngine.for_adapter(model.model, model.adapter)
     engine = StandInEngine(sampler, {p.record.id: p for p in prompts})
     description = {"model": "tiny", "device": "cpu", "dtype": "float32", "tempered_logprobs": False}
-    description |= {"min_pixels": model.adapter.min_pixels, "max_pixels": model.adapter.max_pixels}
+    description |= {
+        "min_pixels": model.adapter.min_pixels,
+        "max_pixels": model.adapter.max_pixels,
+        "max_images": model.adapter.max_images,
+    }
     verifier = RequestVerifier(token) if token else None
     service = RolloutService(engine, description, limits or ServerLimits(), verifier)
     server = BoundedHTTPServer(("127.0.0.1", 0), handler_for(service), max_connections)
@@ -372,7 +376,9 @@ def _sample_body(loaded, params: dict | None = None, **fields) -> bytes:
 
 def test_sampling_requests_are_bounded_by_the_servers_own_limits(loaded):
     """Before: any K, M, token budget, prompt count or image size went to the engine as asked."""
-    limits = ServerLimits(max_prompts=1, max_answers_per_prompt=8, context_tokens=4096, max_pixels=64 * 64)
+    limits = ServerLimits(
+        max_prompts=1, max_answers_per_prompt=8, context_tokens=4096, max_pixels=64 * 64, max_images=2
+    )
     with running(loaded, token=None, limits=limits) as server:
         two = encode_prompts(loaded[1]) * 2
         cases = {
@@ -385,8 +391,13 @@ def test_sampling_requests_are_bounded_by_the_servers_own_limits(loaded):
             "params.temperature must be float, got nan": _sample_body(loaded, {"temperature": math.nan}),
             "'version' is bool": _sample_body(loaded, version=True),
         }
-        big = dict(encode_prompts(loaded[1])[0], image=torch.zeros(100, 100, 3, dtype=torch.uint8))
+        small = torch.zeros(8, 8, 3, dtype=torch.uint8)
+        big = dict(encode_prompts(loaded[1])[0], images=[small, torch.zeros(100, 100, 3, dtype=torch.uint8)])
         cases["a 100x100 image; this server's model.max_pixels is 4096"] = _sample_body(loaded, prompts=[big])
+        many = dict(encode_prompts(loaded[1])[0], images=[small] * 3)
+        cases["prompts[0]: 3 images; this server's model.max_images is 2"] = _sample_body(
+            loaded, prompts=[many]
+        )
         for expected, body in cases.items():
             status, reply = server.request("POST", "/sample", body)
             assert status == 400 and expected in reply["error"], (expected, reply)

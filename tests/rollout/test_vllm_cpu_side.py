@@ -195,7 +195,7 @@ def test_requests_for_each_phase(loaded):
     assert len(thoughts) == 2
     for prompt, req in zip(prompts, thoughts):
         assert req.prompt_token_ids == collapse_image_placeholders(prompt.input_ids.tolist(), tokens.image_id)
-        assert req.prompt()["multi_modal_data"]["image"] is prompt.image
+        assert req.prompt()["multi_modal_data"]["image"] is prompt.images[0]
         assert req.mm_processor_kwargs == {
             "size": {"shortest_edge": adapter.min_pixels, "longest_edge": adapter.max_pixels}
         }

@@ -50,6 +50,10 @@ class ModelConfig:
     #: largest image area in pixels the processor resizes to; sets the image tokens per prompt
     #: (about pixels / 28^2; Qwen-VL processor: max_pixels)
     max_pixels: int = checked(448 * 448, Range(ge=1))
+    #: most images one prompt may show (records with "images"); each costs up to max_pixels / 28^2 tokens,
+    #: and vLLM reserves memory for this many per prompt, so set it to what the data holds (check-data says)
+    #: (vLLM: limit_mm_per_prompt.image; EasyR1: data.limit_images)
+    max_images: int = checked(1, Range(ge=1))
     #: "full": system instruction + detailed answer format (real checkpoints); "compact": a one-line
     #: instruction, ~3x shorter prompts for tiny models that learn the format from SFT (the CPU demo).
     prompt_style: Literal["full", "compact"] = "full"

@@ -57,24 +57,24 @@ def _decoded_size(path: str, cache: dict[str, tuple[int, int] | ImageLoadError])
 
 
 def check_record_files(record: Record, cache: dict[str, Any] | None = None) -> None:
-    """Raise ImageLoadError unless the record's image (and mask) decode, match its size and are usable."""
+    """Raise ImageLoadError unless every image of the record (and its mask) decodes and is usable, and the
+    target image (and mask) has the record's size."""
     cache = {} if cache is None else cache
-    if record.image is None:  # a text-only record has no file to check
-        return
-    try:
-        width, height = _decoded_size(record.image, cache)
-    except ImageLoadError as err:
-        raise ImageLoadError(f"record {record.id}: {err}") from None
-    if (width, height) != (record.width, record.height):
-        raise ImageLoadError(
-            f"record {record.id}: {record.image}: image is {width}x{height} (after EXIF orientation) but the "
-            f"record says {record.width}x{record.height}"
-        )
-    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
-        raise ImageLoadError(
-            f"record {record.id}: {record.image}: aspect ratio {max(width, height) / min(width, height):.0f}:1 "
-            f"is above the {MAX_ASPECT_RATIO}:1 Qwen-VL processors accept; crop or pad the image"
-        )
+    for path in record.prompt_images:  # a text-only record has no file to check
+        try:
+            width, height = _decoded_size(path, cache)
+        except ImageLoadError as err:
+            raise ImageLoadError(f"record {record.id}: {err}") from None
+        if path == record.image and (width, height) != (record.width, record.height):
+            raise ImageLoadError(
+                f"record {record.id}: {path}: image is {width}x{height} (after EXIF orientation) but the "
+                f"record says {record.width}x{record.height}"
+            )
+        if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+            raise ImageLoadError(
+                f"record {record.id}: {path}: aspect ratio {max(width, height) / min(width, height):.0f}:1 "
+                f"is above the {MAX_ASPECT_RATIO}:1 Qwen-VL processors accept; crop or pad the image"
+            )
     if isinstance(record.ground_truth, MaskRef) and not load_mask(record).any():
         raise ImageLoadError(f"record {record.id}: {record.ground_truth.path}: mask is empty")
 
@@ -112,6 +112,10 @@ def summary(check: DataCheck) -> list[str]:
         sizes = list(check.image_sizes.values())
         widths, heights = [w for w, _ in sizes], [h for _, h in sizes]
         pixels = [w * h for w, h in sizes]
+        counts = Counter(len(r.prompt_images) for r in check.records if r.prompt_images)
+        if counts and max(counts) > 1:
+            per = ", ".join(f"{n} image(s): {k} record(s)" for n, k in sorted(counts.items()))
+            lines.append(f"images per prompt: {per} (model.max_images must be at least {max(counts)})")
         lines.append(
             f"images: {len(sizes)} distinct; width {min(widths)}-{max(widths)}, height "
             f"{min(heights)}-{max(heights)}, megapixels {min(pixels) / 1e6:.2f}-{max(pixels) / 1e6:.2f}"

@@ -133,6 +133,14 @@ def load_image(record_or_path: Record | str | Path, record_id: str | None = None
     return img
 
 
+def load_prompt_images(record: Record) -> list[Image.Image]:
+    """Every image of the record's prompt in order (RGB, EXIF applied); the target image must have the
+    record's size, the others any size."""
+    return [
+        load_image(record) if p == record.image else load_image(p, record.id) for p in record.prompt_images
+    ]
+
+
 def image_size(path: str | Path, record_id: str | None = None) -> tuple[int, int]:
     """(width, height) after EXIF orientation, read from the header without decoding the pixels."""
     _require_file(path, record_id, "image")
@@ -197,11 +205,13 @@ def _inspect(path: str) -> list[Any]:
     return [height, width] if orientation in _TRANSPOSING_ORIENTATIONS else [width, height]
 
 
-def _size_problem(found: list[Any], record: Record, what: str) -> str | None:
+def _size_problem(found: list[Any], record: Record | None, what: str) -> str | None:
+    """Why an inspected file cannot serve: it does not decode, is not the record's size (``record`` None: any
+    size, an image that is not the target), or has an aspect ratio Qwen-VL refuses."""
     if len(found) == 1:
         return f"{what} {found[0]}"
     width, height = found
-    if (width, height) != (record.width, record.height):
+    if record is not None and (width, height) != (record.width, record.height):
         return f"{what} is {width}x{height} (after EXIF orientation) but the record says {record.width}x{record.height}"
     if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
         return f"{what} is {width}x{height}: aspect ratio beyond {MAX_ASPECT_RATIO}:1, which Qwen-VL refuses"
@@ -256,7 +266,7 @@ def image_problems(
     ``cache_key`` (e.g. the records file's path) keeps the results of unchanged files for the next load.
     """
     paths = sorted(
-        {r.image for r in records if r.image is not None}
+        {path for r in records for path in r.prompt_images}
         | {r.ground_truth.path for r in records if isinstance(r.ground_truth, MaskRef)}
     )
     with _checks_cache(cache_key) as cache:
@@ -278,14 +288,14 @@ def image_problems(
                         cache[path] = stamp + result
     problems = {}
     for index, record in enumerate(records):
-        if record.image is None:  # text-only: no file to open
-            continue
-        problem = _size_problem(found[record.image], record, "image")
-        if problem is None and isinstance(record.ground_truth, MaskRef):
-            problem = _size_problem(found[record.ground_truth.path], record, "mask")
-        if problem is not None:
-            path = record.image if problem.startswith("image") else record.ground_truth.path
-            problems[index] = f"{path}: {problem}"
+        files = [(path, record if path == record.image else None, "image") for path in record.prompt_images]
+        if isinstance(record.ground_truth, MaskRef):
+            files.append((record.ground_truth.path, record, "mask"))
+        for path, sized_by, what in files:  # text-only: no file to open
+            problem = _size_problem(found[path], sized_by, what)
+            if problem is not None:
+                problems[index] = f"{path}: {problem}"
+                break
     return problems
 
 
@@ -297,4 +307,5 @@ __all__ = [
     "image_size",
     "load_image",
     "load_mask",
+    "load_prompt_images",
 ]

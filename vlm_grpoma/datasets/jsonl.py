@@ -37,6 +37,7 @@ from vlm_grpoma.datasets.schema import (
     Record,
     ShortAnswer,
     record_to_json,
+    with_images,
 )
 from vlm_grpoma.errors import DataError
 
@@ -52,7 +53,7 @@ GROUND_TRUTH_OF_TASK: dict[str, tuple[str, ...]] = {
 }
 _REQUIRED = ("id", "task", "prompt", "ground_truth")
 _IMAGE_FIELDS = ("image", "width", "height")
-_OPTIONAL = ("split", "meta")
+_OPTIONAL = ("split", "meta", "images", "target_image")
 #: Deepest nesting of arrays/objects accepted in a JSON value (a record needs 5 levels).
 MAX_JSON_DEPTH = 64
 #: Longest record line read, in characters (a record with its meta is a few KB; 16 Mi leaves room for much more).
@@ -281,6 +282,35 @@ def parse_ground_truth(
     )
 
 
+def _image_paths(obj: dict, base_dir: Path) -> tuple[str, ...]:
+    """The record's images in prompt order, resolved: ``image``, or the list ``images``, or none."""
+    if "image" in obj and "images" in obj:
+        raise _FieldError("images", "give image (one) or images (several), not both")
+    if "target_image" in obj and "images" not in obj:
+        raise _FieldError("target_image", "names one of images; a record with image has only that one")
+    if "image" in obj:
+        paths = [obj["image"]]
+        names = ["image"]
+    elif "images" in obj:
+        paths = _nonempty_list(obj["images"], "images")
+        names = [f"images[{i}]" for i in range(len(paths))]
+    else:
+        return ()
+    for name, value in zip(names, paths):
+        if not isinstance(value, str) or not value.strip():
+            raise _FieldError(name, f"must be a non-empty path string, got {json.dumps(value)}")
+    return tuple(_resolve(p, base_dir) for p in paths)
+
+
+def _target_image(obj: dict, count: int) -> int:
+    value = obj.get("target_image", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < count:
+        raise _FieldError(
+            "target_image", f"must be an index of images, 0 to {count - 1}, got {json.dumps(value)}"
+        )
+    return value
+
+
 def record_from_json(obj: Any, base_dir: Path) -> Record:
     """A validated :class:`Record` from one decoded JSON line; raises ``_FieldError`` (a ValueError)."""
     if not isinstance(obj, dict):
@@ -296,18 +326,18 @@ def record_from_json(obj: Any, base_dir: Path) -> Record:
         raise _FieldError(unknown[0], "unknown field (put extra information under 'meta')")
     if obj["task"] not in TASKS:
         raise _FieldError("task", f"must be one of {list(TASKS)}, got {json.dumps(obj['task'])}")
-    has_image = "image" in obj
+    images = _image_paths(obj, base_dir)
+    target = _target_image(obj, len(images)) if "images" in obj else 0
+    has_image = bool(images)
     if has_image or obj["task"] not in TEXT_TASKS:
-        missing = [k for k in _IMAGE_FIELDS if k not in obj]
+        missing = [k for k in _IMAGE_FIELDS if k not in obj and not (k == "image" and has_image)]
         if missing:
             raise _FieldError(missing[0], "required field is missing")
     elif "width" in obj or "height" in obj:
         raise _FieldError(
             "width" if "width" in obj else "height", "a text-only record (no image) has no size"
         )
-    for key in ("id", "image", "prompt", "split"):
-        if key == "image" and not has_image:
-            continue
+    for key in ("id", "prompt", "split"):
         value = obj.get(key, "train")
         if not isinstance(value, str) or not value.strip():
             raise _FieldError(key, f"must be a non-empty string, got {json.dumps(value)}")
@@ -319,9 +349,9 @@ def record_from_json(obj: Any, base_dir: Path) -> Record:
     if not isinstance(meta, dict):
         raise _FieldError("meta", f"must be an object, got {json.dumps(meta)}")
     gt = parse_ground_truth(obj["ground_truth"], obj["task"], obj.get("width"), obj.get("height"), base_dir)
-    return Record(
+    record = Record(
         id=obj["id"],
-        image=_resolve(obj["image"], base_dir) if has_image else None,
+        image=None,
         task=obj["task"],
         prompt=obj["prompt"],
         width=obj.get("width"),
@@ -330,6 +360,7 @@ def record_from_json(obj: Any, base_dir: Path) -> Record:
         split=obj.get("split", "train"),
         meta=meta,
     )
+    return with_images(record, images, target) if images else record
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -455,7 +486,7 @@ def outside_root(report: LoadReport, root: str | Path) -> LoadReport:
     folder = Path(root).resolve()
     kept = LoadReport(report.path, errors=list(report.errors))
     for record, line_no in zip(report.records, report.lines):
-        paths = [record.image, getattr(record.ground_truth, "path", None)]
+        paths = [*record.prompt_images, getattr(record.ground_truth, "path", None)]
         outside = [p for p in paths if p is not None and not Path(p).resolve().is_relative_to(folder)]
         if outside:
             kept.errors.append(
@@ -520,7 +551,9 @@ def write_records(path: str | Path, records: Iterable[Record]) -> Path:
     lines, seen = [], set()
     for index, record in enumerate(records):
         obj = record_to_json(record)
-        if record.image is not None:
+        if record.images:
+            obj["images"] = [_relative_if_inside(p, out_dir) for p in record.images]
+        elif record.image is not None:
             obj["image"] = _relative_if_inside(record.image, out_dir)
         if isinstance(record.ground_truth, MaskRef):
             obj["ground_truth"] = {"mask": _relative_if_inside(record.ground_truth.path, out_dir)}

@@ -12,11 +12,17 @@ of ``{"boxes": [...]}``, ``{"points": [[x, y], ...]}``, ``{"trajectory": [[x, y]
 ``{"mask": "masks/x.png"}`` (non-zero pixels are the target region), ``{"contact_action": {...}}``, or for
 task ``answer`` a short text answer ``{"answer": "55", "matcher": "numeric", "tolerance": 0.0}`` (matcher and
 tolerance optional). ``image``/``width``/``height`` are optional for ``answer`` records (None = text-only).
+
+A prompt with several images (a front and a wrist camera, the last frames before an action) lists them in
+prompt order as ``"images": ["front.png", "wrist.png"]`` instead of ``image``, and ``"target_image": 1`` names
+the one whose pixels the ground truth and the answers use (default 0); ``width``/``height`` are that image's.
+In memory ``image`` is always the target image, so everything that maps coordinates reads it alone, and
+``images`` holds every image when there are several (``()`` for one image or none).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from vlm_grpoma.answers import AnswerKind, Box, Boxes, ContactAction, Points, Trajectory
@@ -67,11 +73,35 @@ class Record:
     ground_truth: GroundTruth
     split: str = "train"
     meta: dict[str, Any] = field(default_factory=dict)
+    #: every image of the prompt in order when there are several, else empty (``image`` alone)
+    images: tuple[str, ...] = ()
+    #: index into ``images`` of the image the ground truth and the answers are in
+    target_image: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.images:
+            if self.target_image != 0:
+                raise ValueError(f"record {self.id}: target_image {self.target_image} without images")
+            return
+        if len(self.images) < 2:
+            raise ValueError(f"record {self.id}: one image is given as image, not images")
+        if not 0 <= self.target_image < len(self.images):
+            raise ValueError(
+                f"record {self.id}: target_image {self.target_image} is not an index of its "
+                f"{len(self.images)} images"
+            )
+        if self.image != self.images[self.target_image]:
+            raise ValueError(f"record {self.id}: image must be images[target_image]")
 
     @property
     def text_only(self) -> bool:
         """No image: the prompt is the whole input (an ``answer`` record may have none)."""
         return self.image is None
+
+    @property
+    def prompt_images(self) -> tuple[str, ...]:
+        """Every image the prompt shows, in order: ``images``, or the one ``image``, or none."""
+        return self.images or (() if self.image is None else (self.image,))
 
 
 def ground_truth_to_json(gt: GroundTruth) -> dict[str, Any]:
@@ -98,9 +128,21 @@ def ground_truth_to_json(gt: GroundTruth) -> dict[str, Any]:
     raise TypeError(f"not a ground truth: {gt!r}")
 
 
+def with_images(record: Record, images: tuple[str, ...], target_image: int = 0) -> Record:
+    """``record`` showing ``images`` (one or several; the ground truth stays in ``images[target_image]``)."""
+    if len(images) == 1:
+        return replace(record, image=images[0], images=(), target_image=0)
+    return replace(record, image=images[target_image], images=tuple(images), target_image=target_image)
+
+
 def record_to_json(record: Record) -> dict[str, Any]:
-    """The on-disk JSON object; a text-only record has no ``image``/``width``/``height`` keys."""
-    image = {} if record.image is None else {"image": record.image}
+    """The on-disk JSON object; a text-only record has no ``image``/``width``/``height`` keys, a record with
+    several images has ``images`` (and ``target_image`` when it is not the first) instead of ``image``."""
+    if record.images:
+        target = {"target_image": record.target_image} if record.target_image else {}
+        image: dict[str, Any] = {"images": list(record.images), **target}
+    else:
+        image = {} if record.image is None else {"image": record.image}
     size = {} if record.width is None else {"width": record.width, "height": record.height}
     return {
         "id": record.id,
@@ -127,4 +169,5 @@ __all__ = [
     "Task",
     "ground_truth_to_json",
     "record_to_json",
+    "with_images",
 ]

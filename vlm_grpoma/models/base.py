@@ -26,13 +26,14 @@ class PromptInputs:
     """One record ready for the model.
 
     ``input_ids`` [L] is the rendered chat prompt (vision placeholders expanded, no padding);
-    ``pixel_values`` [P, D] the image patches; ``image_grid_thw`` [1, 3] their grid; ``image`` the resized
-    RGB image the processor saw; ``frame`` maps model-frame coordinates to original pixels.
+    ``pixel_values`` [P, D] the patches of every image in order; ``image_grid_thw`` [n, 3] their grids;
+    ``images`` the n resized RGB images the processor saw; ``frame`` maps model-frame coordinates of the
+    record's target image to its original pixels.
     """
 
     record: Record
     text: str
-    image: Image.Image | None  # None (and no pixel_values / image_grid_thw) for a text-only record
+    images: tuple[Image.Image, ...]  # () (and no pixel_values / image_grid_thw) for a text-only record
     input_ids: torch.Tensor
     pixel_values: torch.Tensor | None
     image_grid_thw: torch.Tensor | None

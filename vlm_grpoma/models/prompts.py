@@ -171,6 +171,9 @@ def task_instruction(
 ) -> str:
     """The user text for a record: what to do, the JSON shape to answer with, and the coordinate frame.
 
+    With several images (shown as "Picture 1: …", "Picture 2: …" by the chat template's ``add_vision_id``) the
+    text names the picture the coordinates are in, and the frame is that picture's.
+
     A prompt that is already a sentence ("Find the red square.", ending in . ? or !) is used as written; a bare
     referring expression ("the red square") gets the task's lead ("Find the red square."). A ``template``
     (``data.prompt_template.<task>``) replaces that lead; the answer shape and frame still follow it.
@@ -191,7 +194,10 @@ def task_instruction(
             if style == "compact"
             else f"{lead} Answer with {ANSWER_FORMATS[kind]}."
         )
+    picture = f"Picture {record.target_image + 1}" if record.images else ""
     if style == "compact":
         extent = f"{model_width}x{model_height} pixels" if frame.extent is None else f"0-{frame.extent}"
-        return f"{lead} Think, then answer JSON {kind.replace('_', ' ')} ({extent})."
-    return f"{lead} Answer with {ANSWER_FORMATS[kind]}. {frame.describe(model_width, model_height)}"
+        where = f"{picture}, {extent}" if picture else extent
+        return f"{lead} Think, then answer JSON {kind.replace('_', ' ')} ({where})."
+    text = f"{lead} Answer with {ANSWER_FORMATS[kind]}. {frame.describe(model_width, model_height)}"
+    return f"{text} Coordinates are in {picture}." if picture else text

@@ -22,7 +22,7 @@ from vlm_grpoma.answers import (
     map_xy,
     parse_answer,
 )
-from vlm_grpoma.datasets.images import load_image
+from vlm_grpoma.datasets.images import load_prompt_images
 from vlm_grpoma.datasets.schema import ANSWER_KIND_OF_TASK, Record
 from vlm_grpoma.models.base import PromptInputs, SpecialTokens
 from vlm_grpoma.models.families import QwenFamily
@@ -97,10 +97,11 @@ class QwenVLAdapter:
         max_pixels: int,
         prompt_style: str = "full",
         thinking: str = "auto",
+        max_images: int = 1,
     ) -> None:
         """``thinking``: ``auto`` follows the chat template (a generation prompt ending in ``<think>`` opens the
         thought); ``opened`` / ``closed`` make the prompt open the thought or leave it to the model whatever
-        the template does."""
+        the template does. ``max_images``: the most images one prompt may show (``model.max_images``)."""
         if min_pixels > max_pixels:
             raise ValueError(f"min_pixels ({min_pixels}) must not exceed max_pixels ({max_pixels})")
         if thinking not in THINKING_MODES:
@@ -111,6 +112,7 @@ class QwenVLAdapter:
         self.tokenizer = processor.tokenizer
         self.tokenizer.padding_side = "left"
         self.min_pixels, self.max_pixels = min_pixels, max_pixels
+        self.max_images = max_images
         self.prompt_style = prompt_style
         self.template_opens_thought = opens_thought(generation_prompt(processor))
         opened = self.template_opens_thought if thinking == "auto" else thinking == "opened"
@@ -141,7 +143,8 @@ class QwenVLAdapter:
 
     # -- prompts -------------------------------------------------------------------------------------------
 
-    def messages(self, record: Record, image: Image.Image | None = None) -> list[dict[str, Any]]:
+    def messages(self, record: Record, images: Sequence[Image.Image] | None = None) -> list[dict[str, Any]]:
+        """The chat: the record's images in order (loaded unless given), then the instruction."""
         frame = self.frame(record)
         text = task_instruction(
             record,
@@ -151,16 +154,13 @@ class QwenVLAdapter:
             self.prompt_style,
             self.prompt_text.templates.get(record.task),
         )
-        content: list[dict[str, Any]] = [{"type": "text", "text": text}]
-        if record.image is not None:
-            visual = {
-                "type": "image",
-                "image": image if image is not None else load_image(record),
-                "min_pixels": self.min_pixels,
-                "max_pixels": self.max_pixels,
-            }
-            content.insert(0, visual)
-        user = {"role": "user", "content": content}
+        if images is None:
+            images = load_prompt_images(record)
+        visual = [
+            {"type": "image", "image": image, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels}
+            for image in images
+        ]
+        user = {"role": "user", "content": [*visual, {"type": "text", "text": text}]}
         if self.prompt_style == "compact":
             return [user]
         system_text = self.prompt_text.system or self.thought.system_prompt
@@ -170,7 +170,10 @@ class QwenVLAdapter:
     def render(self, messages: list[dict[str, Any]]) -> str:
         """The chat template's text for ``messages`` plus the generation prompt, with the thought opened by
         the prompt exactly when :attr:`thought` says so (appending or dropping the template's ``<think>``)."""
-        text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        pictures = sum(item.get("type") == "image" for m in messages for item in m["content"])
+        text = self.processor.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, add_vision_id=pictures > 1
+        )
         if self.thought.opened and not self.template_opens_thought:
             return text + OPENED_GENERATION_SUFFIX
         if self.template_opens_thought and not self.thought.opened:
@@ -178,26 +181,33 @@ class QwenVLAdapter:
         return text
 
     def build_inputs(
-        self, records: Sequence[Record], images: Sequence[Image.Image] | None = None
+        self, records: Sequence[Record], images: Sequence[Sequence[Image.Image]] | None = None
     ) -> list[PromptInputs]:
+        """Each record's prompt tensors; ``images`` gives each record's prompt images (loaded otherwise)."""
         from qwen_vl_utils import process_vision_info
 
         if images is None:
-            images = [None if r.image is None else load_image(r) for r in records]
+            images = [load_prompt_images(r) for r in records]
         out = []
-        for record, image in zip(records, images, strict=True):
-            messages = self.messages(record, image)
+        for record, shown in zip(records, images, strict=True):
+            if len(shown) != len(record.prompt_images):
+                raise ValueError(f"record {record.id}: {len(shown)} images for {len(record.prompt_images)}")
+            if len(shown) > self.max_images:
+                raise ValueError(
+                    f"record {record.id}: {len(shown)} images, more than model.max_images={self.max_images}"
+                )
+            messages = self.messages(record, shown)
             text = self.render(messages)
-            if record.image is None:
+            if not shown:
                 ids = self.processor(text=[text], return_tensors="pt")["input_ids"][0]
-                out.append(PromptInputs(record, text, None, ids, None, None, self.frame(record)))
+                out.append(PromptInputs(record, text, (), ids, None, None, self.frame(record)))
                 continue
             vision, _ = process_vision_info(messages, image_patch_size=self.family.patch_size)
-            expected = self.resized_size(record.width, record.height)
-            if image.size != (record.width, record.height) or vision[0].size != expected:
+            target, expected = shown[record.target_image], self.resized_size(record.width, record.height)
+            if target.size != (record.width, record.height) or vision[record.target_image].size != expected:
                 raise ValueError(
-                    f"record {record.id}: image is {image.size[0]}x{image.size[1]}, resized to "
-                    f"{vision[0].size}, but the record says {record.width}x{record.height} "
+                    f"record {record.id}: image is {target.size[0]}x{target.size[1]}, resized to "
+                    f"{vision[record.target_image].size}, but the record says {record.width}x{record.height} "
                     f"(resized {expected})"
                 )
             enc = self.processor(text=[text], images=vision, do_resize=False, return_tensors="pt")
@@ -205,7 +215,7 @@ class QwenVLAdapter:
                 PromptInputs(
                     record=record,
                     text=text,
-                    image=vision[0],
+                    images=tuple(vision),
                     input_ids=enc["input_ids"][0],
                     pixel_values=enc["pixel_values"],
                     image_grid_thw=enc["image_grid_thw"],

@@ -2,8 +2,8 @@
 one of the tokenizer's special tokens (chat control ``<|im_end|>``, vision placeholders ``<|image_pad|>``: they
 would restructure the conversation or break the image-token count, so they are refused, not escaped — an
 escape would change the prompt's text and each backend tokenises differently), a whole prompt (chat template,
-instruction, image tokens) longer than ``data.max_prompt_tokens``, or an image whose resize to the model's
-pixel bounds fails or leaves a side of zero. ``data.skip_bad_records`` leaves them out.
+instruction, every image's tokens) longer than ``data.max_prompt_tokens``, more images than
+``model.max_images``, or an image whose resize to the model's pixel bounds fails or leaves a side of zero. ``data.skip_bad_records`` leaves them out.
 
 The length check is bounded: a prompt longer in characters than ``max_tokens`` times the vocabulary's longest
 token cannot fit and is refused untokenised; only prompts near the limit are tokenised."""
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
+from vlm_grpoma.datasets.images import image_size
 from vlm_grpoma.datasets.schema import Record
 from vlm_grpoma.errors import DataError
 
@@ -39,7 +40,6 @@ def prompt_problems(records: Sequence[Record], adapter: QwenVLAdapter, max_token
     tokens (0: no token limit), or whose prompt holds a special token. Only prompts that could exceed the
     limit are tokenised."""
     placeholder = Image.new("RGB", (1, 1))  # the chat template only needs to know there is an image
-    factor = adapter.family.factor
     special = sorted(adapter.tokenizer.all_special_tokens, key=len, reverse=True)
     longest = _longest_token(adapter.tokenizer)
     problems = {}
@@ -57,35 +57,60 @@ def prompt_problems(records: Sequence[Record], adapter: QwenVLAdapter, max_token
                 "which would be read as structure, not text; remove it"
             )
             continue
-        if record.image is None:  # text-only: no image to size
-            continue
-        try:
-            width, height = adapter.resized_size(record.width, record.height)
-        except ValueError as err:
-            problems[index] = f"image {record.width}x{record.height}: {err}"
-            continue
-        if min(width, height) < factor:
+        count = len(record.prompt_images)
+        if count > adapter.max_images:
             problems[index] = (
-                f"image {record.width}x{record.height} resizes to {width}x{height} within model.min_pixels/"
-                "model.max_pixels: a side shorter than one vision token"
+                f"{count} images, more than model.max_images={adapter.max_images}; raise it to {count} "
+                "(each image adds its tokens to the prompt)"
             )
             continue
-        if not max_tokens:
+        try:
+            image_tokens = sum(_image_tokens(size, adapter) for size in _sizes(record))
+        except (ValueError, DataError) as err:
+            problems[index] = str(err)
             continue
-        image_tokens = (width // factor) * (height // factor)
-        text = adapter.processor.apply_chat_template(
-            adapter.messages(record, placeholder), tokenize=False, add_generation_prompt=True
-        )
+        if not count or not max_tokens:  # text-only: no image to size
+            continue
+        text = adapter.render(adapter.messages(record, [placeholder] * count))
         if len(text.encode()) + image_tokens <= max_tokens:  # a byte-level BPE token covers at least 1 byte
             continue
         ids = adapter.tokenizer(text, add_special_tokens=False).input_ids
-        tokens = len(ids) - 1 + image_tokens  # the one image placeholder expands to the image tokens
+        tokens = len(ids) - count + image_tokens  # each image placeholder expands to its image's tokens
         if tokens > max_tokens:
+            whose = "the image's" if count == 1 else f"the {count} images'"
             problems[index] = (
-                f"prompt is {tokens} tokens ({image_tokens} of them the image's), more than "
+                f"prompt is {tokens} tokens ({image_tokens} of them {whose}), more than "
                 f"data.max_prompt_tokens={max_tokens}"
             )
     return problems
+
+
+def _sizes(record: Record) -> list[tuple[str, tuple[int, int]]]:
+    """``(name, (width, height))`` of each prompt image: the target's from the record, the others' from
+    their file headers (a missing or unreadable file is an ImageLoadError naming it)."""
+    return [
+        ("image", (record.width, record.height))
+        if path == record.image
+        else (f"image {path}", image_size(path, record.id))
+        for path in record.prompt_images
+    ]
+
+
+def _image_tokens(named_size: tuple[str, tuple[int, int]], adapter: QwenVLAdapter) -> int:
+    """Vision tokens of one image after the processor's resize; a resize that fails or leaves a side shorter
+    than one token is a ValueError naming the image."""
+    name, (width, height) = named_size
+    factor = adapter.family.factor
+    try:
+        resized_w, resized_h = adapter.resized_size(width, height)
+    except ValueError as err:
+        raise ValueError(f"{name} {width}x{height}: {err}") from None
+    if min(resized_w, resized_h) < factor:
+        raise ValueError(
+            f"{name} {width}x{height} resizes to {resized_w}x{resized_h} within model.min_pixels/"
+            "model.max_pixels: a side shorter than one vision token"
+        )
+    return (resized_w // factor) * (resized_h // factor)
 
 
 def screen_records(

@@ -55,5 +55,11 @@ def load_adapter(config: ModelConfig) -> QwenVLAdapter:
         source = _processor_source(config.name_or_path, chain.base)
         processor = AutoProcessor.from_pretrained(source, trust_remote_code=config.trust_remote_code)
     return QwenVLAdapter(
-        family, processor, config.min_pixels, config.max_pixels, config.prompt_style, config.thinking
+        family,
+        processor,
+        config.min_pixels,
+        config.max_pixels,
+        config.prompt_style,
+        config.thinking,
+        config.max_images,
     )

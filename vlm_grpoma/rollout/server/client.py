@@ -213,11 +213,13 @@ class ServerRolloutEngine:
         ours = {
             "model.min_pixels": self.adapter.min_pixels,
             "model.max_pixels": self.adapter.max_pixels,
+            "model.max_images": self.adapter.max_images,
             "algorithm.logprob_temperature (tempered log-probs)": self.tempered_logprobs,
         }
         theirs = {
             "model.min_pixels": health.get("min_pixels"),
             "model.max_pixels": health.get("max_pixels"),
+            "model.max_images": health.get("max_images"),
             "algorithm.logprob_temperature (tempered log-probs)": health.get("tempered_logprobs"),
         }
         for key, value in ours.items():

@@ -27,18 +27,22 @@ class ServerLimits:
     max_answers_per_prompt: int = MAX_ANSWERS_PER_PROMPT
     context_tokens: int = 0  # the engine's context: prompt + thought + answer (0: unchecked)
     max_pixels: int = 0  # the server's model.max_pixels: a resized image is never larger (0: unchecked)
+    max_images: int = 0  # the server's model.max_images: images of one prompt (0: unchecked)
 
     def body_bytes(self, path: str) -> int:
         return self.weights_bytes if path == "/weights" else self.request_bytes
 
     @classmethod
-    def for_model(cls, parameters: int, context_tokens: int, max_pixels: int) -> ServerLimits:
+    def for_model(
+        cls, parameters: int, context_tokens: int, max_pixels: int, max_images: int = 0
+    ) -> ServerLimits:
         """Limits of a server whose model holds ``parameters`` (pushed in float32 at most, plus 10 % and 64 MiB
-        for names and framing) with this context and pixel bound."""
+        for names and framing) with this context, pixel bound and images per prompt."""
         return cls(
             weights_bytes=int(parameters * 4 * 1.1) + (64 << 20),
             context_tokens=context_tokens,
             max_pixels=max_pixels,
+            max_images=max_images,
         )
 
     def check_sampling(
@@ -59,8 +63,13 @@ class ServerLimits:
                     f"{what}: prompts[{i}]: {len(prompt.input_ids)} prompt tokens + {budget} to sample exceed "
                     f"the engine's context of {self.context_tokens}"
                 )
-            if self.max_pixels and prompt.image is not None:
-                width, height = prompt.image.size
+            if self.max_images and len(prompt.images) > self.max_images:
+                raise WireError(
+                    f"{what}: prompts[{i}]: {len(prompt.images)} images; this server's model.max_images is "
+                    f"{self.max_images}"
+                )
+            for image in prompt.images if self.max_pixels else ():
+                width, height = image.size
                 if width * height > self.max_pixels:
                     raise WireError(
                         f"{what}: prompts[{i}]: a {width}x{height} image; this server's model.max_pixels is "

@@ -2,8 +2,8 @@
 
 Every body is one ``torch.save`` of plain containers and tensors, read back with ``torch.load(weights_only=True)``
 (no pickled code runs on either side). A prompt travels as the parts the vLLM engine reads: its token ids
-(vision placeholders expanded, which the server checks against its own expansion), the resized image as
-``uint8 [H, W, 3]`` and the record id for messages. A tree travels without its prompts; the client puts its own
+(vision placeholders expanded, which the server checks against its own expansion), the resized images in
+prompt order, each as ``uint8 [H, W, 3]``, and the record id for messages. A tree travels without its prompts; the client puts its own
 back. Weights travel as ``(name, tensor)`` pairs; :func:`weights_digest` fingerprints them on both sides.
 """
 
@@ -45,7 +45,7 @@ class ServedPrompt:
 
     record: RecordRef
     input_ids: torch.Tensor
-    image: Image.Image | None
+    images: tuple[Image.Image, ...]
 
 
 def dumps(payload: dict[str, Any]) -> bytes:
@@ -120,7 +120,7 @@ def encode_prompts(prompts: Sequence[PromptInputs]) -> list[dict[str, Any]]:
         {
             "record_id": p.record.id,
             "input_ids": p.input_ids,
-            "image": None if p.image is None else torch.from_numpy(np.asarray(p.image.convert("RGB")).copy()),
+            "images": [torch.from_numpy(np.asarray(image.convert("RGB")).copy()) for image in p.images],
         }
         for p in prompts
     ]
@@ -135,21 +135,22 @@ def decode_prompts(rows: Any, what: str) -> list[ServedPrompt]:
         if not isinstance(row, dict):
             raise WireError(f"{part} is not a mapping")
         ids = required(row, "input_ids", torch.Tensor, part)
-        image = row.get("image")
+        images = required(row, "images", list, part)
         if ids.dim() != 1 or ids.dtype != torch.long:
             raise WireError(f"{part}: input_ids must be a 1-d long tensor")
-        if image is not None and not (
-            isinstance(image, torch.Tensor)
-            and image.dtype == torch.uint8
-            and image.dim() == 3
-            and image.shape[-1] == 3
-        ):
-            raise WireError(f"{part}: image must be a uint8 [H, W, 3] tensor or None")
+        for j, image in enumerate(images):
+            if not (
+                isinstance(image, torch.Tensor)
+                and image.dtype == torch.uint8
+                and image.dim() == 3
+                and image.shape[-1] == 3
+            ):
+                raise WireError(f"{part}: images[{j}] must be a uint8 [H, W, 3] tensor")
         prompts.append(
             ServedPrompt(
                 RecordRef(str(required(row, "record_id", str, part))),
                 ids,
-                None if image is None else Image.fromarray(image.numpy(), "RGB"),
+                tuple(Image.fromarray(image.numpy(), "RGB") for image in images),
             )
         )
     return prompts

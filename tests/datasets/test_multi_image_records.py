@@ -1,0 +1,130 @@
+"""Records with several images: the JSONL form, its round trip, every hostile variant as one line naming the
+record, and check-data decoding every image and counting them against model.max_images."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from vlm_grpoma.answers import Points
+from vlm_grpoma.datasets.check import check_records, summary
+from vlm_grpoma.datasets.jsonl import RecordError, load_records, read_records, write_records
+from vlm_grpoma.datasets.schema import Record, record_to_json
+
+
+def _views(folder: Path) -> dict:
+    """A front camera (the target, 100x50) and a wrist camera of another size, as a two-image record."""
+    (folder / "views").mkdir(exist_ok=True)
+    Image.new("RGB", (100, 50), (200, 10, 10)).save(folder / "views" / "front.png")
+    Image.new("RGB", (64, 80), (10, 10, 200)).save(folder / "views" / "wrist.png")
+    return {
+        "id": "two-views",
+        "images": ["views/wrist.png", "views/front.png"],
+        "target_image": 1,
+        "task": "affordance",
+        "prompt": "the handle",
+        "width": 100,
+        "height": 50,
+        "ground_truth": {"points": [[90, 40]]},
+    }
+
+
+def _write(path: Path, objects: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(o) + "\n" for o in objects), encoding="utf-8")
+    return path
+
+
+def test_a_two_view_record_reads_with_its_target_and_round_trips(tmp_path):
+    (record,) = read_records(_write(tmp_path / "r.jsonl", [_views(tmp_path)]), check_images=True)
+    front, wrist = str(tmp_path / "views" / "front.png"), str(tmp_path / "views" / "wrist.png")
+    assert record.prompt_images == (wrist, front) and record.target_image == 1
+    assert record.image == front and (record.width, record.height) == (100, 50)
+    assert record.ground_truth.points == ((90, 40),)  # bounds checked in the target's 100x50 pixels
+    out = write_records(tmp_path / "copy.jsonl", [record])
+    line = json.loads(out.read_text())
+    assert "image" not in line and line["target_image"] == 1
+    assert line["images"] == ["views/wrist.png", "views/front.png"]  # relative to the records' folder
+    assert read_records(out) == [record]
+    elsewhere = json.loads(write_records(tmp_path / "out" / "r.jsonl", [record]).read_text())
+    assert elsewhere["images"] == [wrist, front]
+
+
+def test_a_one_item_images_list_is_the_one_image_form(tmp_path):
+    obj = _views(tmp_path) | {"images": ["views/front.png"]}
+    del obj["target_image"]
+    (record,) = read_records(_write(tmp_path / "r.jsonl", [obj]))
+    assert record.images == () and record.image == str(tmp_path / "views" / "front.png")
+    assert "images" not in record_to_json(record) and record_to_json(record)["image"] == record.image
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"image": "views/front.png"}, "images: give image (one) or images (several), not both"),
+        ({"images": []}, "images: needs at least 1 item(s), got 0"),
+        ({"images": "views/front.png"}, "images: must be a list"),
+        ({"images": ["views/front.png", ""]}, "images[1]: must be a non-empty path string"),
+        ({"target_image": 2}, "target_image: must be an index of images, 0 to 1, got 2"),
+        ({"target_image": True}, "target_image: must be an index of images, 0 to 1, got true"),
+        ({"width": None}, "width: must be a positive integer"),
+    ],
+)
+def test_each_malformed_image_list_is_one_line_naming_the_record(tmp_path, change, message):
+    path = _write(tmp_path / "r.jsonl", [_views(tmp_path) | change])
+    (error,) = load_records(path).errors
+    assert str(error).startswith(f"{path}:1 (id two-views): {message}"), str(error)
+
+
+def test_target_image_without_images_is_refused(tmp_path):
+    obj = _views(tmp_path) | {"image": "views/front.png"}
+    del obj["images"]
+    (error,) = load_records(_write(tmp_path / "r.jsonl", [obj])).errors
+    assert "target_image: names one of images; a record with image has only that one" in str(error)
+
+
+def test_a_record_built_in_code_keeps_its_image_and_images_consistent():
+    with pytest.raises(ValueError, match="image must be images\\[target_image\\]"):
+        Record("x", "a.png", "affordance", "p", 4, 4, _points(), images=("a.png", "b.png"), target_image=1)
+    with pytest.raises(ValueError, match="one image is given as image, not images"):
+        Record("x", "a.png", "affordance", "p", 4, 4, _points(), images=("a.png",))
+
+
+def _points() -> Points:
+    return Points(((1.0, 1.0),))
+
+
+def test_a_missing_second_image_is_one_error_naming_the_record_and_file(tmp_path):
+    obj = _views(tmp_path)
+    path = _write(
+        tmp_path / "r.jsonl", [obj, obj | {"id": "gone", "images": ["views/front.png", "views/x.png"]}]
+    )
+    with pytest.raises(RecordError, match=r"r.jsonl:2 \(id gone\): .*views/x.png: image file not found"):
+        read_records(path, check_images=True)
+    check = check_records([path])
+    assert [r.id for r in check.records] == ["two-views"]
+    (error,) = check.errors
+    assert error.startswith(f"{path}:2") and "views/x.png" in error and "not found" in error
+
+
+def test_only_the_target_image_must_have_the_records_size(tmp_path):
+    obj = _views(tmp_path)
+    wrong_target = obj | {"id": "wrong", "target_image": 0}  # the 64x80 wrist view is not 100x50
+    check = check_records([_write(tmp_path / "r.jsonl", [obj, wrong_target])])
+    assert [r.id for r in check.records] == ["two-views"]
+    assert "wrist.png: image is 64x80" in check.errors[0] and "record says 100x50" in check.errors[0]
+    assert "images per prompt: 2 image(s): 1 record(s) (model.max_images must be at least 2)" in summary(
+        check
+    )
+
+
+def test_an_image_outside_the_image_root_is_refused_whichever_it_is(tmp_path):
+    obj = _views(tmp_path)
+    (tmp_path / "root").mkdir()
+    path = _write(
+        tmp_path / "root" / "r.jsonl", [obj | {"images": ["../views/front.png", "../views/wrist.png"]}]
+    )
+    with pytest.raises(RecordError, match="is outside data.image_root"):
+        read_records(path, image_root=tmp_path / "root")
