@@ -193,6 +193,12 @@ def _manip_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default="", help=_checkpoint_help("for --policy model"))
     _eval_config_args(p)
     p.add_argument("--seed", type=int, default=0, help="episode sampling seed (same seed, same episodes)")
+    p.add_argument(
+        "--views",
+        default=None,
+        help="--policy model: the cameras the model sees each episode through, front first, e.g. front,wrist "
+        "(those its training records showed: make-data --views); default front",
+    )
     p.add_argument("--workers", type=int, default=0, help="simulator processes (0 = one per core)")
     p.add_argument(
         "--job-timeout",
@@ -248,6 +254,12 @@ def _make_data_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="arithmetic: the largest value any step may reach, >= 2 x the largest operand (overrides "
         "--difficulty)",
+    )
+    p.add_argument(
+        "--views",
+        default=None,
+        help="sapien: the cameras each record shows, front first (the ground truth's view), e.g. front,wrist "
+        "(several images per record; train with model.max_images set to their count); default front",
     )
     _asset_args(p)
 

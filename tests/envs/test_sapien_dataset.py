@@ -10,8 +10,10 @@ from vlm_grpoma.answers import Boxes, ContactAction, Trajectory
 from vlm_grpoma.datasets.jsonl import read_records
 from vlm_grpoma.datasets.schema import MaskRef
 from vlm_grpoma.datasets.synthetic import sapien as sapien_data
+from vlm_grpoma.envs.sapien.camera import render
 from vlm_grpoma.envs.sapien.partnet import display_name
-from vlm_grpoma.envs.sapien.task import EpisodeSpec, execute
+from vlm_grpoma.envs.sapien.task import EpisodeSpec, execute, render_episode
+from vlm_grpoma.envs.sapien.views import parse_views, view_camera
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
 from vlm_grpoma.errors import CommandError
 
@@ -97,3 +99,38 @@ def test_asset_options_are_checked_before_writing(generated_assets, tmp_path):
     with pytest.raises(CommandError, match="no seen objects"):
         sapien_data.generate("manipulation", 1, tmp_path, 0, "seen", assets=assets, split_file=empty)
     assert (tmp_path / "records.jsonl").read_text() == "keep me\n"
+
+
+@pytest.mark.slow
+def test_two_views_show_the_front_as_target_and_a_wrist_camera(tmp_path):
+    """``--views front,wrist``: the front image and the ground truth are those of a front-only record of the
+    same seed, pixel for pixel; the wrist view is another size, shows the object, and is named in meta."""
+    ok, reason = rendering_status(in_process=True)
+    if not ok:
+        pytest.skip(f"Vulkan rendering unavailable: {reason}")
+    one = read_records(sapien_data.generate("manipulation", 2, tmp_path / "one", 5, "train"))
+    two = read_records(
+        sapien_data.generate("manipulation", 2, tmp_path / "two", 5, "train", views=("front", "wrist"))
+    )
+    for alone, pair in zip(one, two, strict=True):
+        assert pair.target_image == 0 and pair.image == pair.images[0] and len(pair.images) == 2
+        assert pair.ground_truth == alone.ground_truth and pair.meta["views"] == ["front", "wrist"]
+        front, wrist = (np.asarray(Image.open(p).convert("RGB")) for p in pair.images)
+        assert np.array_equal(front, np.asarray(Image.open(alone.image).convert("RGB")))
+        assert wrist.shape == (224, 224, 3)
+        built, _ = render_episode(EpisodeSpec.from_meta(pair.meta))
+        seen = render(built, view_camera("wrist", EpisodeSpec.from_meta(pair.meta).camera))
+        assert np.array_equal(seen.rgb, wrist)  # the wrist view is fixed by the record's meta
+        assert (seen.link_ids >= 0).mean() > 0.2  # and the object fills much of it
+
+
+def test_views_are_checked_before_anything_renders():
+    assert parse_views("front, wrist") == ("front", "wrist")
+    for text, problem in [
+        ("wrist,front", "the first view must be front"),
+        ("front,top", "unknown view 'top'; choose from front, wrist"),
+        ("front,front", "named twice"),
+        ("", "the first view must be front"),
+    ]:
+        with pytest.raises(ValueError, match=problem):
+            parse_views(text)

@@ -31,7 +31,7 @@ from tests.rollout.server_process import ServerProcess, start_server
 from vlm_grpoma.algorithm.diagnostics import logprob_mismatch
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import Config, ModelConfig, RolloutConfig
-from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.datasets.schema import Record, with_images
 from vlm_grpoma.models.families import ARCHS
 from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.rollout.backends import build_rollout_engine
@@ -46,6 +46,7 @@ BACKENDS = ("hf", "vllm", "vllm_server")
 TOLERANCE = {"hf": 1e-4, "vllm-cpu": 1e-4, "vllm-cuda": 5e-3}
 SHARED, TAG_BOOST, VISION_BOOST = 50.0, 5.25, 9.0
 PRESET = "small"
+MAX_IMAGES = 2
 
 
 def vllm_skip_reason() -> str | None:
@@ -87,6 +88,8 @@ def tagged_checkpoint(src: Path, dst: Path, boosts: dict[int, float]) -> Path:
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory) -> list[Record]:
+    """A one-image prompt and a two-image one (a second view of another size first, the target second), so
+    every check below holds with several images per prompt too."""
     folder = tmp_path_factory.mktemp("contract-images")
     out = []
     for i, (w, h) in enumerate([(100, 80), (40, 150)]):
@@ -103,6 +106,8 @@ def records(tmp_path_factory) -> list[Record]:
                 ground_truth=Boxes((Box(1, 1, 9, 9),)),
             )
         )
+    Image.new("RGB", (72, 56), (200, 40, 40)).save(folder / "view.png")
+    out[1] = with_images(out[1], (str(folder / "view.png"), out[1].image), target_image=1)
     return out
 
 
@@ -138,14 +143,18 @@ def setup(request, tiny_model_dir, tmp_path_factory, records):
                     **dict.fromkeys(tokens.suppress_ids, VISION_BOOST),
                 }
                 folder = tagged_checkpoint(plain, tmp_path_factory.mktemp(f"tagged-{arch}") / "ckpt", boosts)
-            model_cfg = ModelConfig(name_or_path=str(folder), dtype="float32", max_pixels=112 * 112)
+            model_cfg = ModelConfig(
+                name_or_path=str(folder), dtype="float32", max_pixels=112 * 112, max_images=MAX_IMAGES
+            )
             loaded = load_model(model_cfg)
             loaded.model.eval()
             options = vllm_test_options() if backend == "vllm" else None
             rollout = RolloutConfig(backend=backend)
             if backend == "vllm_server":  # a server on the same checkpoint, in its own process
                 log = tmp_path_factory.mktemp(f"server-{arch}-{kind}") / "server.log"
-                servers.append(start_server(folder, log, "model.max_pixels=12544"))
+                servers.append(
+                    start_server(folder, log, "model.max_pixels=12544", f"model.max_images={MAX_IMAGES}")
+                )
                 rollout.server.urls = [servers[-1].url]
             config = Config(model=model_cfg, rollout=rollout)
             engine = build_rollout_engine(config, loaded.model, loaded.adapter, vllm_options_override=options)

@@ -29,18 +29,19 @@ import math
 import os
 import time
 from collections import Counter, defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from vlm_grpoma.answers import ContactAction, ParseError
 from vlm_grpoma.config import Config
+from vlm_grpoma.datasets.schema import with_images
 from vlm_grpoma.envs.sapien.partnet import scan_assets
 from vlm_grpoma.envs.sapien.pool import HARD_DEADLINE_SLACK_S, SimPool, WorkerCrash
 from vlm_grpoma.envs.sapien.protocol import PROTOCOLS
 from vlm_grpoma.envs.sapien.splits import load_split, no_objects_message, round_robin
 from vlm_grpoma.envs.sapien.task import DEFAULT_EXEC, EpisodeSpec, Outcome, render_episode
+from vlm_grpoma.envs.sapien.views import parse_views
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
 from vlm_grpoma.errors import CommandError, StorageError
 from vlm_grpoma.eval.loading import eval_config, model_folder
@@ -162,6 +163,7 @@ def model_actions(
     seed: int,
     image_dir: Path,
     config: Config | None = None,
+    views: tuple[str, ...] = ("front",),
 ) -> list:
     """Greedy ContactAction (or ParseError) of a checkpoint for each episode, from its rendered image, through
     the model adapter and the transformers rollout engine (the same path as training and grounding eval).
@@ -180,10 +182,14 @@ def model_actions(
     from vlm_grpoma.eval.loading import load_for_eval
 
     records = [
-        render_record("manipulation", f"manip-eval-{split}-{seed}-{i:06d}", split, spec, oracle, image_dir)
+        render_record(
+            "manipulation", f"manip-eval-{split}-{seed}-{i:06d}", split, spec, oracle, image_dir, views
+        )
         for i, ((spec, oracle), split) in enumerate(zip(sampled, splits))
     ]
-    records = [replace(r, image=str(image_dir / r.image)) for r in records]
+    records = [
+        with_images(r, tuple(str(image_dir / p) for p in r.prompt_images), r.target_image) for r in records
+    ]
     # Loading (full or LoRA folder, run config, accelerator, rollout backend) is shared with ``eval``.
     model_dir = model_folder(checkpoint)
     config = config or eval_config(model_dir).config
@@ -218,6 +224,7 @@ def evaluate(
     split_file: str | Path | None = None,
     protocol: str | None = None,
     job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
+    views: tuple[str, ...] = ("front",),
 ) -> tuple[dict, list]:
     """Sample ``episodes`` per split, act, execute; returns the result dict and the (spec, action, outcome)
     triples. An answer the model got wrong in form is a failed episode with reason ``parse:<reason>``; a
@@ -243,7 +250,7 @@ def evaluate(
         specs = [spec for spec, _ in sampled]
         if policy == "model":
             image_dir = image_dir or Path("manip-eval-images")
-            actions = model_actions(checkpoint, sampled, split_names, seed, image_dir, config)
+            actions = model_actions(checkpoint, sampled, split_names, seed, image_dir, config, views)
         else:
             actions = [
                 oracle if policy == "oracle" else random_action(spec, seed, i)
@@ -283,6 +290,16 @@ def render_grid(triples: list, path: Path) -> Path | None:
     return contact_grid(tiles, path)
 
 
+def manip_views(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--views``: the cameras the model sees each episode through (those it was trained on)."""
+    if getattr(args, "views", None) and args.policy != "model":
+        raise CommandError("--views applies to --policy model (the cameras the model sees)")
+    try:
+        return parse_views(getattr(args, "views", None) or "front")
+    except ValueError as err:
+        raise CommandError(f"--views: {err}") from None
+
+
 def main(args: argparse.Namespace) -> int:
     if args.episodes <= 0:
         raise CommandError(f"--episodes must be positive, got {args.episodes}")
@@ -310,6 +327,7 @@ def main(args: argparse.Namespace) -> int:
         split_file=args.split_file,
         protocol=args.protocol,
         job_timeout_s=job_timeout,
+        views=manip_views(args),
     )
     result["seconds"] = round(time.perf_counter() - start, 2)
     result["grid"] = None

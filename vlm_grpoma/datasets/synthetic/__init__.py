@@ -34,7 +34,18 @@ def _generate_sapien(task: str, n: int, out: Path, seed: int, split: str, args: 
         assets=getattr(args, "assets", None),
         split_file=getattr(args, "split_file", None),
         protocol=getattr(args, "protocol", None),
+        views=_views(args),
     )
+
+
+def _views(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--views``: the SAPIEN cameras each record shows (front alone by default)."""
+    from vlm_grpoma.envs.sapien.views import parse_views
+
+    try:
+        return parse_views(getattr(args, "views", None) or "front")
+    except ValueError as err:
+        raise CommandError(f"--views: {err}") from None
 
 
 def _generate_arithmetic(args: argparse.Namespace, out: Path) -> Path:
@@ -83,8 +94,9 @@ def main(args: argparse.Namespace) -> int:
             getattr(args, "assets", None)
             or getattr(args, "split_file", None)
             or getattr(args, "protocol", None)
+            or getattr(args, "views", None)
         ):
-            raise CommandError("--assets, --split-file and --protocol apply to --source sapien only")
+            raise CommandError("--assets, --split-file, --protocol and --views apply to --source sapien only")
         from vlm_grpoma.datasets.synthetic.shapes import PRESETS, SHAPE_TASKS, generate_shapes
 
         if args.task not in SHAPE_TASKS:

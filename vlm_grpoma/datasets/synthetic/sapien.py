@@ -16,6 +16,8 @@ truth, in original-image pixels:
 - trajectory: the oracle contact point's projected path as the joint opens (to its limit or the image
   border, ``TRAJECTORY_POINTS`` points);
 - detection: boxes of the visible movable parts, labelled by part (door, drawer, lid, screen).
+With ``views`` (``--views front,wrist``, :mod:`~vlm_grpoma.envs.sapien.views`) each record shows every view,
+front first and the target: ``images/<id>.png`` and ``images/<id>-<view>.png``; ``meta.views`` names them.
 Images need a renderer: without one this fails with the reason instead of writing blank images.
 """
 
@@ -23,20 +25,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from vlm_grpoma.answers import Box, Boxes, ContactAction, Trajectory
-from vlm_grpoma.datasets.schema import TASKS, MaskRef, Record, record_to_json
-from vlm_grpoma.envs.sapien.camera import CameraSpec, handle_shape_ids, raycast
+from vlm_grpoma.datasets.schema import TASKS, MaskRef, Record, record_to_json, with_images
+from vlm_grpoma.envs.sapien.camera import CameraSpec, handle_shape_ids, raycast, render
 from vlm_grpoma.envs.sapien.manipllm import sample_asset
 from vlm_grpoma.envs.sapien.objects import DISPLAY_NAMES, joint_transform
 from vlm_grpoma.envs.sapien.partnet import display_name, scan_assets
+from vlm_grpoma.envs.sapien.protocol import get_protocol
 from vlm_grpoma.envs.sapien.scene import BuiltScene
 from vlm_grpoma.envs.sapien.splits import load_split, no_objects_message, round_robin
 from vlm_grpoma.envs.sapien.task import EpisodeSpec, render_episode, sample_split_episode
+from vlm_grpoma.envs.sapien.views import view_camera
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
 from vlm_grpoma.errors import CommandError
 
@@ -81,9 +86,11 @@ def generate(
     assets: str | Path | None = None,
     split_file: str | Path | None = None,
     protocol: str | None = None,
+    views: tuple[str, ...] = ("front",),
 ) -> Path:
     """Write up to ``n`` records of ``task`` to ``out_dir/records.jsonl`` (+ images/, masks/); returns the
-    path. ``assets``: PartNet-Mobility folders instead of procedural objects."""
+    path. ``assets``: PartNet-Mobility folders instead of procedural objects; ``views``: the cameras each
+    record shows."""
     protocol = protocol or ("manipllm" if assets is not None else "simple")
     if task not in TASKS:
         raise CommandError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
@@ -102,21 +109,36 @@ def generate(
     with path.open("w") as f:
         for index, (spec, oracle) in enumerate(episodes):
             record = render_record(
-                task, f"sapien-{task}-{split}-{seed}-{index:06d}", split, spec, oracle, out_dir
+                task, f"sapien-{task}-{split}-{seed}-{index:06d}", split, spec, oracle, out_dir, views
             )
             f.write(json.dumps(record_to_json(record)) + "\n")
     return path
 
 
 def render_record(
-    task: str, record_id: str, split: str, spec: EpisodeSpec, oracle: ContactAction, out_dir: Path
+    task: str,
+    record_id: str,
+    split: str,
+    spec: EpisodeSpec,
+    oracle: ContactAction,
+    out_dir: Path,
+    views: tuple[str, ...] = ("front",),
 ) -> Record:
-    """Render one episode to ``out_dir/images/<record_id>.png`` and build its ``task`` record."""
-    built, views = render_episode(spec)
-    image = f"images/{record_id}.png"
+    """Render one episode to ``out_dir/images/<record_id>.png`` (and ``<record_id>-<view>.png`` for each
+    further view) and build its ``task`` record, the front view its target."""
+    built, front = render_episode(spec)
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
-    Image.fromarray(views.rgb).save(out_dir / image)
-    return _RECORD_MAKERS[task](record_id, image, split, spec, oracle, built, views, out_dir)
+    images = []
+    for name in views:
+        rgb = front.rgb
+        if name != "front":
+            rgb = render(built, view_camera(name, spec.camera), get_protocol(spec.protocol).background).rgb
+        images.append(f"images/{record_id}.png" if name == "front" else f"images/{record_id}-{name}.png")
+        Image.fromarray(rgb).save(out_dir / images[-1])
+    record = _RECORD_MAKERS[task](record_id, images[0], split, spec, oracle, built, front, out_dir)
+    if len(views) == 1:
+        return record
+    return with_images(replace(record, meta=record.meta | {"views": list(views)}), tuple(images))
 
 
 def _name(spec: EpisodeSpec) -> str:
