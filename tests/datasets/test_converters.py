@@ -461,3 +461,24 @@ def test_convert_cli_reports_and_fails_with_one_line(tmp_path, capsys):
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"vlm-grpoma convert: error: {tmp_path / 'missing.json'}: input not found"]
+
+
+def test_llava_multi_image_entries_become_history_frame_records(tmp_path):
+    """LLaVA's multi-image form: the frames in order, the points in the last one (the target)."""
+    for i, size in enumerate([(80, 60), (80, 60), (200, 100)]):
+        _image(tmp_path / "frames" / f"{i}.png", size)
+    frames = [f"frames/{i}.png" for i in range(3)]
+    question = "<image>\n<image>\n<image>\nPoint to the free space left of the cup."
+    entry = {
+        "id": "h1",
+        "image": frames,
+        "conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": "[(0.5, 0.5)]"}],
+    }
+    path, _, _ = convert("robopoint", _dump(tmp_path / "h.json", [entry]), tmp_path / "o.jsonl")
+    (record,) = read_records(path, check_images=True)
+    assert record.images == tuple(str(tmp_path / f) for f in frames) and record.target_image == 2
+    assert (record.width, record.height) == (200, 100) and record.ground_truth == Points(((100.0, 50.0),))
+    assert record.prompt == "Point to the free space left of the cup."
+    wrong = entry | {"image": frames[:2]}
+    with pytest.raises(ConvertError, match=r"entry 0 \(id h1\): 2 images but 3 <image> placeholders"):
+        convert("robopoint", _dump(tmp_path / "w.json", [wrong]), tmp_path / "w.jsonl")

@@ -158,3 +158,61 @@ def test_split_names_of_hub_shards():
     assert split_of_file(Path("data/testB-00003-of-00004.parquet")) == "testB"
     assert split_of_file(Path("validation-00000-of-00001.parquet")) == "validation"
     assert split_of_file(Path("mine.parquet")) == "train"
+
+
+def test_a_list_column_of_images_gives_multi_image_records(tmp_path, pq):
+    """A hub ``Sequence(Image)`` column (embedded views) with a target column, and a list of paths."""
+    import pyarrow as pa
+
+    table = pa.table(
+        {
+            "views": [
+                [{"bytes": png_bytes((40, 30), "red"), "path": None}, {"bytes": png_bytes((64, 48), "blue")}],
+            ],
+            "which": [1],
+            "instruction": ["the handle"],
+            "where": [[[32.0, 24.0]]],
+        }
+    )
+    pq.write_table(table, tmp_path / "views.parquet")
+    fields = {"images": "views", "target_image": "which", "prompt": "instruction", "points": "where"}
+    path, _, _ = convert(
+        "parquet", tmp_path / "views.parquet", tmp_path / "out", task="affordance", fields=fields
+    )
+    (record,) = read_records(path, check_images=True)
+    assert len(record.images) == 2 and record.target_image == 1 and (record.width, record.height) == (64, 48)
+    assert [load_image(p, "x").getpixel((0, 0)) for p in record.images] == [(255, 0, 0), (0, 0, 255)]
+    assert record.ground_truth == Points(((32.0, 24.0),))  # in the target's 64 x 48 pixels, not fractions
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"image": "views", "images": "views"}, "give image=COLUMN .* or images=COLUMN .*, not both"),
+        ({"target_image": "which"}, "target_image=COLUMN names one of images=COLUMN"),
+        (
+            {"images": "views", "target_image": "which"},
+            r"row 0 \(id views-000000\): target_image must index the row's 2 images, got 2",
+        ),
+        (
+            {"images": "empty"},
+            r"row 0 \(id views-000000\): column 'empty' \(images\) must be a non-empty list",
+        ),
+    ],
+)
+def test_multi_image_columns_are_checked_per_row(tmp_path, pq, fields, message):
+    import pyarrow as pa
+
+    Image.new("RGB", (10, 10)).save(tmp_path / "a.png")
+    table = pa.table(
+        {"views": [["a.png", "a.png"]], "empty": [[]], "which": [2], "q": ["x"], "p": [[[1.0, 1.0]]]}
+    )
+    pq.write_table(table, tmp_path / "views.parquet")
+    with pytest.raises(ConvertError, match=message):
+        convert(
+            "parquet",
+            tmp_path / "views.parquet",
+            tmp_path / "out",
+            task="affordance",
+            fields={"prompt": "q", "points": "p", **fields},
+        )

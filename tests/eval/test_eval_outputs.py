@@ -9,6 +9,7 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -130,6 +131,30 @@ def test_an_overlay_that_cannot_be_drawn_loses_no_metrics(tmp_path, caplog):
     files = write_report(score_predictions([_predict(rec, rec.ground_truth, 0)]), tmp_path / "ev", overlays=1)
     assert files["overlays"] == [] and "overlay of record r0 not drawn" in caplog.text
     assert files["predictions"].is_file() and json.loads(files["metrics"].read_text())["records"] == 1
+
+
+def test_a_several_image_overlay_draws_on_the_target_and_shows_the_others_as_thumbnails(tmp_path):
+    from PIL import Image
+
+    from vlm_grpoma.datasets.schema import with_images
+    from vlm_grpoma.eval.overlays import THUMB_GAP, THUMB_SIDE, overlay_size
+
+    Image.new("RGB", (100, 100), (250, 250, 250)).save(tmp_path / "front.png")
+    Image.new("RGB", (60, 200), (0, 0, 255)).save(tmp_path / "wrist.png")
+    rec = with_images(
+        _record(Boxes((Box(10, 10, 50, 50),))), (str(tmp_path / "wrist.png"), str(tmp_path / "front.png")), 1
+    )
+    answer = Boxes((Box(60, 60, 90, 90),))
+    files = write_report(score_predictions([_predict(rec, answer, 0)]), tmp_path / "ev", overlays=1)
+    (png,) = files["overlays"]
+    pixels = np.asarray(Image.open(png).convert("RGB"))
+    width, height = overlay_size(100, 100)
+    assert (
+        pixels.shape[1] == width + THUMB_SIDE + 2 * THUMB_GAP
+    )  # the target at its usual size, then a column
+    assert (pixels[:height, :width] == (0, 190, 0)).all(-1).any()  # the ground truth is drawn on the target
+    column = pixels[:, width:]
+    assert (column == (0, 0, 255)).all(-1).sum() == (THUMB_SIDE * 60 // 200) * THUMB_SIDE  # wrist, scaled in
 
 
 # ---------------------------------------------------------------------------------------------- CLI

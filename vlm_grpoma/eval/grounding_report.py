@@ -86,10 +86,16 @@ def render_overlay(p: ScoredPrediction):
 
     record = p.prediction.record
     mask = load_mask(record) if isinstance(record.ground_truth, MaskRef) else None
-    caption = f"{record.id} [{record.task}] {record.prompt}\n{p.summary()}"
+    target = f" (on Picture {record.target_image + 1} of {len(record.images)})" if record.images else ""
+    caption = f"{record.id} [{record.task}]{target} {record.prompt}\n{p.summary()}"
     answer = None if p.failure else p.prediction.answer
+    others = [
+        (f"Picture {i + 1}", load_image(path, record.id))
+        for i, path in enumerate(record.images)
+        if i != record.target_image
+    ]
     return draw_overlay(
-        load_image(record), record.ground_truth, answer, caption, mask, failed=p.failure is not None
+        load_image(record), record.ground_truth, answer, caption, mask, p.failure is not None, others
     )
 
 

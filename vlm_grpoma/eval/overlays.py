@@ -3,11 +3,14 @@
 The image is scaled up by an integer factor so that its longer side reaches :data:`MIN_SIDE` pixels (small
 synthetic images stay legible), and a caption strip of :data:`CAPTION_HEIGHT` pixels is added below it.
 Ground truth is drawn in green, the prediction in red; a failed answer shows its parse reason in the caption.
+A record with several images is drawn on its target image; the others follow in a column on the right, each
+scaled into :data:`THUMB_SIDE` pixels under its ``Picture n`` label.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +26,8 @@ GT_COLOUR = (0, 190, 0)
 PRED_COLOUR = (235, 20, 20)
 MASK_ALPHA = 0.45
 _FONT_SIZE = 12
+THUMB_SIDE = 128
+THUMB_GAP = 6
 
 
 def overlay_scale(width: int, height: int) -> int:
@@ -85,9 +90,11 @@ def draw_overlay(
     caption: str,
     mask: np.ndarray | None = None,
     failed: bool = False,
+    others: Sequence[tuple[str, Image.Image]] = (),
 ) -> Image.Image:
     """The overlay of one prediction: ``mask`` (the ground-truth region, [H, W] bool) is tinted and outlined,
-    ``answer`` None (a failed parse) draws only the ground truth. ``caption`` may hold two lines."""
+    ``answer`` None (a failed parse) draws only the ground truth. ``caption`` may hold two lines. ``others``:
+    the record's other images with their labels, shown as thumbnails beside the target."""
     scale = overlay_scale(*image.size)
     base = image.convert("RGB")
     if mask is not None:
@@ -106,7 +113,29 @@ def draw_overlay(
             line = line[:-2] + "…"
         colour = PRED_COLOUR if failed else (0, 0, 0)
         draw.text((4, base.height + 3 + i * (_FONT_SIZE + 3)), line, fill=colour, font=font)
-    return canvas
+    return _with_thumbnails(canvas, others, font) if others else canvas
+
+
+def _with_thumbnails(
+    canvas: Image.Image, others: Sequence[tuple[str, Image.Image]], font: ImageFont.ImageFont
+) -> Image.Image:
+    """``canvas`` with a column of labelled thumbnails on its right."""
+    slot = _FONT_SIZE + 4 + THUMB_SIDE + THUMB_GAP
+    out = Image.new(
+        "RGB",
+        (canvas.width + THUMB_SIDE + 2 * THUMB_GAP, max(canvas.height, THUMB_GAP + slot * len(others))),
+        (255, 255, 255),
+    )
+    out.paste(canvas, (0, 0))
+    draw = ImageDraw.Draw(out)
+    left = canvas.width + THUMB_GAP
+    for i, (label, image) in enumerate(others):
+        top = THUMB_GAP + i * slot
+        draw.text((left, top), label, fill=(0, 0, 0), font=font)
+        thumb = image.convert("RGB")
+        thumb.thumbnail((THUMB_SIDE, THUMB_SIDE))
+        out.paste(thumb, (left, top + _FONT_SIZE + 4))
+    return out
 
 
 def save_overlay(overlay: Image.Image, path: Path) -> Path:

@@ -5,6 +5,9 @@ Which column holds what is given with ``--field NAME=COLUMN``:
 
 - ``image`` (default ``image``): a hub ``Image`` column (``{"bytes", "path"}``; bytes are written to
   ``<output>/images/``), raw image bytes, or a path relative to ``--image-root`` (default: the parquet's folder);
+- or ``images``: a list column of such values, several images per row in prompt order (multi-view, history
+  frames; a hub ``Sequence(Image)``), with ``target_image`` an integer column naming the one the ground truth
+  is in (default 0);
 - ``prompt`` (required): the referring expression or instruction; a list column (lmms-lab/RefCOCO's
   ``answer``: every expression of the object) gives one record per element, id ``<row id>-<index>``, sharing
   the row's image and ground truth;
@@ -42,7 +45,7 @@ from vlm_grpoma.datasets.converters.common import (
     checked_image_size,
     to_pixels,
 )
-from vlm_grpoma.datasets.schema import Record
+from vlm_grpoma.datasets.schema import Record, with_images
 from vlm_grpoma.errors import MissingDependencyError
 
 #: The ground-truth field names each task takes from a column.
@@ -51,7 +54,18 @@ GROUND_TRUTH_FIELDS: dict[str, tuple[str, ...]] = {
     "affordance": ("points", "boxes"),
     "trajectory": ("trajectory",),
 }
-FIELDS = ("image", "prompt", "id", "split", "label", "boxes", "points", "trajectory")
+FIELDS = (
+    "image",
+    "images",
+    "target_image",
+    "prompt",
+    "id",
+    "split",
+    "label",
+    "boxes",
+    "points",
+    "trajectory",
+)
 _HUB_SHARD = re.compile(r"^(?P<split>.+?)-\d{5}-of-\d{5}$")
 _BATCH_ROWS = 256
 
@@ -189,7 +203,13 @@ def convert_parquet(inputs: ConvertInputs) -> Converted:
         raise ConvertError(
             f"--task: the parquet reader makes {', '.join(GROUND_TRUTH_FIELDS)} records; got {task!r}"
         )
-    fields = {"image": "image", **inputs.fields}
+    if "image" in inputs.fields and "images" in inputs.fields:
+        raise ConvertError(
+            "--field: give image=COLUMN (one image a row) or images=COLUMN (several), not both"
+        )
+    if "target_image" in inputs.fields and "images" not in inputs.fields:
+        raise ConvertError("--field target_image=COLUMN names one of images=COLUMN; give that too")
+    fields = {**({} if "images" in inputs.fields else {"image": "image"}), **inputs.fields}
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
         raise ConvertError(f"--field {unknown[0]}: unknown; fields are {', '.join(FIELDS)}")
@@ -206,8 +226,9 @@ def convert_parquet(inputs: ConvertInputs) -> Converted:
             row_id = str(row[fields["id"]]) if "id" in fields else f"{file.stem}-{row_index:06d}"
             where += f" (id {row_id})"
             prompts = _prompts(_column(row, fields, "prompt", where), where)
-            image = _image_of(_column(row, fields, "image", where), row_id, inputs, file.parent, where)
-            width, height = checked_image_size(image, where)
+            images, target = _row_images(row, fields, row_id, inputs, file.parent, where)
+            sizes = [checked_image_size(path, where) for path in images]  # each exists, its header reads
+            image, (width, height) = images[target], sizes[target]
             value = _column(row, fields, truth_name, where)
             if truth_name == "boxes":
                 label = str(row[fields["label"]]) if "label" in fields else ""
@@ -223,21 +244,39 @@ def convert_parquet(inputs: ConvertInputs) -> Converted:
             meta = {"source": "parquet", "file": file.name, "row": row_index}
             listed = isinstance(row[fields["prompt"]], list)  # one record per element
             for i, prompt in enumerate(prompts):
-                records.append(
-                    Record(
-                        id=f"{row_id}-{i}" if listed else row_id,
-                        image=str(image),
-                        task=task,
-                        prompt=prompt,
-                        width=width,
-                        height=height,
-                        ground_truth=ground_truth,
-                        split=str(row[fields["split"]]) if "split" in fields else split_of_file(file),
-                        meta={**meta, "expression": i} if listed else meta,
-                    )
+                record = Record(
+                    id=f"{row_id}-{i}" if listed else row_id,
+                    image=str(image),
+                    task=task,
+                    prompt=prompt,
+                    width=width,
+                    height=height,
+                    ground_truth=ground_truth,
+                    split=str(row[fields["split"]]) if "split" in fields else split_of_file(file),
+                    meta={**meta, "expression": i} if listed else meta,
                 )
+                records.append(with_images(record, tuple(str(p) for p in images), target))
     _warn_if_one_prompt(records, fields["prompt"])
     return Converted(records, counts)
+
+
+def _row_images(
+    row: dict, fields: dict[str, str], row_id: str, inputs: ConvertInputs, folder: Path, where: str
+) -> tuple[list[Path], int]:
+    """The row's image files in prompt order and the index of the target: ``image`` alone, or the list
+    ``images`` (each element written out or resolved like one ``image``) and ``target_image``."""
+    if "images" not in fields:
+        return [_image_of(_column(row, fields, "image", where), row_id, inputs, folder, where)], 0
+    values = _column(row, fields, "images", where)
+    if not isinstance(values, list) or not values:
+        raise ConvertError(f"{where}: column {fields['images']!r} (images) must be a non-empty list")
+    images = [
+        _image_of(v, f"{row_id}-{j}", inputs, folder, f"{where}: images[{j}]") for j, v in enumerate(values)
+    ]
+    target = _column(row, fields, "target_image", where) if "target_image" in fields else 0
+    if isinstance(target, bool) or not isinstance(target, int) or not 0 <= target < len(images):
+        raise ConvertError(f"{where}: target_image must index the row's {len(images)} images, got {target!r}")
+    return images, target
 
 
 def _prompts(value: Any, where: str) -> list[str]:

@@ -34,7 +34,7 @@ FORMATS: dict[str, Format] = {
     ),
     "robopoint": Format(
         "vlm_grpoma.datasets.converters.robopoint:convert_robopoint",
-        "RoboPoint LLaVA-style JSON -> affordance",
+        "RoboPoint / LLaVA-style JSON (one image or several: multi-image, history frames) -> affordance",
     ),
     "where2place": Format(
         "vlm_grpoma.datasets.converters.where2place:convert_where2place",
