@@ -144,7 +144,7 @@ def test_launcher_commands_name_a_config_and_valid_overrides(words):
 
 @pytest.mark.parametrize(
     "words",
-    [c for c in ALL_COMMANDS if without_env(c)[0].endswith("python") and c[1] != "-c"],
+    [c for c in ALL_COMMANDS if without_env(c)[0].endswith("python") and c[1] not in ("-c", "-")],
     ids=lambda c: " ".join(c)[:70],
 )
 def test_python_scripts_exist(words):
@@ -161,12 +161,31 @@ def test_inline_overrides_with_spaces_are_quoted():
 def test_example_records_are_valid(block):
     lines = [json.loads(line) for line in block.splitlines() if line.strip()]
     visual = {"detection", "affordance", "trajectory", "manipulation"}
-    assert {r["task"] for r in lines} in (
+    several = all("images" in r or "video" in r for r in lines)  # the several-images examples: any tasks
+    assert several or {r["task"] for r in lines} in (
         visual,
         {"answer"},
     )  # one record of each visual task, or an answer one
     for obj in lines:
         record_from_json(obj, Path("."))
+
+
+def test_the_several_images_conversion_example_runs(tmp_path, monkeypatch):
+    """docs/data.md's synthetic parquet and LLaVA multi-image inputs convert to records with several images."""
+    pytest.importorskip("pyarrow", reason="pyarrow is the optional [parquet] extra")
+    from vlm_grpoma.cli import main as cli_main
+    from vlm_grpoma.datasets.jsonl import read_records
+
+    (block,) = [b for b in blocks("bash") if "python - <<'PY'" in b]
+    script, _, rest = block.partition("python - <<'PY'\n")[2].partition("PY\n")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(script, "docs/data.md", "exec"), {})
+    for words in commands(rest):
+        assert cli_main(without_env(words)[1:]) == 0, words
+    views, history = (
+        read_records(tmp_path / "data" / name / "records.jsonl") for name in ("views", "history")
+    )
+    assert [len(r.images) for r in views + history] == [2, 2] and history[0].target_image == 1
 
 
 def test_example_reward_function_runs(tmp_path):

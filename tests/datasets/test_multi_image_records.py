@@ -1,5 +1,5 @@
-"""Records with several images: the JSONL form, its round trip, every hostile variant as one line naming the
-record, and check-data decoding every image and counting them against model.max_images."""
+"""Records with several images or a video: the JSONL form, its round trip, every hostile variant as one line
+naming the record, and check-data decoding every image and frame and counting images against model.max_images."""
 
 from __future__ import annotations
 
@@ -128,3 +128,77 @@ def test_an_image_outside_the_image_root_is_refused_whichever_it_is(tmp_path):
     )
     with pytest.raises(RecordError, match="is outside data.image_root"):
         read_records(path, image_root=tmp_path / "root")
+
+
+def _video_record(folder: Path, frames: int = 3, sizes: list | None = None) -> dict:
+    """The last frames before the action as a video, and the current frame as the image the points are in."""
+    sizes = sizes or [(48, 32)] * frames
+    for i, size in enumerate(sizes):
+        Image.new("RGB", size, (30 * i, 90, 90)).save(folder / f"f{i}.png")
+    Image.new("RGB", (100, 50)).save(folder / "now.png")
+    return {
+        "id": "clip",
+        "image": "now.png",
+        "video": {"frames": [f"f{i}.png" for i in range(len(sizes))], "fps": 4},
+        "task": "affordance",
+        "prompt": "the handle",
+        "width": 100,
+        "height": 50,
+        "ground_truth": {"points": [[90, 40]]},
+    }
+
+
+def test_a_video_record_reads_checks_and_round_trips(tmp_path):
+    (record,) = read_records(_write(tmp_path / "r.jsonl", [_video_record(tmp_path)]), check_images=True)
+    assert (
+        record.video.frames == tuple(str(tmp_path / f"f{i}.png") for i in range(3)) and record.video.fps == 4
+    )
+    assert record.image == str(tmp_path / "now.png") and not record.text_only
+    assert check_records([tmp_path / "r.jsonl"]).ok
+    copy = write_records(tmp_path / "copy.jsonl", [record])
+    assert json.loads(copy.read_text())["video"] == {"frames": ["f0.png", "f1.png", "f2.png"], "fps": 4.0}
+    assert read_records(copy) == [record]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"video": {"frames": ["f0.png"]}}, "video.frames: a video needs at least 2 frames"),
+        ({"video": {"frames": []}}, "video.frames: a video needs at least 2 frames"),
+        ({"video": {"frames": ["f0.png", 3]}}, "video.frames[1]: must be a non-empty path string"),
+        ({"video": {"frames": ["f0.png", "f1.png"], "fps": 0}}, "video.fps: must be > 0"),
+        ({"video": {"path": "clip.mp4"}}, "video.path: unknown key"),
+        ({"video": ["f0.png", "f1.png"]}, "video: must be an object"),
+    ],
+)
+def test_each_malformed_video_is_one_line_naming_the_record(tmp_path, change, message):
+    path = _write(tmp_path / "r.jsonl", [_video_record(tmp_path) | change])
+    (error,) = load_records(path).errors
+    assert str(error).startswith(f"{path}:1 (id clip): {message}"), str(error)
+
+
+def test_a_video_alone_cannot_carry_coordinates_but_can_carry_a_short_answer(tmp_path):
+    obj = _video_record(tmp_path)
+    for key in ("image", "width", "height"):
+        del obj[key]
+    (error,) = load_records(_write(tmp_path / "r.jsonl", [obj])).errors
+    assert "video: a affordance record needs an image for its coordinates" in str(error)
+    answer = obj | {"task": "answer", "ground_truth": {"answer": "left"}}
+    (record,) = read_records(_write(tmp_path / "a.jsonl", [answer]), check_images=True)
+    assert record.image is None and record.video is not None and not record.text_only
+
+
+def test_frames_must_exist_and_share_one_size(tmp_path):
+    obj = _video_record(tmp_path, sizes=[(48, 32), (48, 32), (40, 32)])
+    path = _write(
+        tmp_path / "r.jsonl", [obj, obj | {"id": "gone", "video": {"frames": ["f0.png", "nope.png"]}}]
+    )
+    check = check_records([path])
+    assert check.records == [] and len(check.errors) == 2
+    assert (
+        check.errors[0].startswith(f"{path}:1")
+        and "f2.png: video frame is 40x32 but the first frame is 48x32" in check.errors[0]
+    )
+    assert check.errors[1].startswith(f"{path}:2") and "nope.png: image file not found" in check.errors[1]
+    with pytest.raises(RecordError, match=r"r.jsonl:1 \(id clip\): .*f2.png: video frame is 40x32"):
+        read_records(path, check_images=True)

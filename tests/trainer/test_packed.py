@@ -162,8 +162,8 @@ def test_answer_prompts_text_only_and_mixed_match_naive(arch, pictured, tiny_mod
         assert any(not p.requires_grad for p in model.parameters())
     prompts = _answer_prompts(adapter, tmp_path, pictured)
     tree = _ragged_tree(prompts, adapter.tokens, seed=4)
-    assert (pack(model, tree, [0], adapter.tokens).pixel_values is None) and (
-        (pack(model, tree, range(len(prompts)), adapter.tokens).pixel_values is not None) is pictured
+    assert (pack(model, tree, [0], adapter.tokens).vision == {}) and (
+        ("pixel_values" in pack(model, tree, range(len(prompts)), adapter.tokens).vision) is pictured
     )
     _assert_same(model, tree, list(range(len(prompts))), adapter.tokens)
     if pictured:  # the pictured prompt's rows next to text-only ones score as in a batch of their own

@@ -54,6 +54,9 @@ class ModelConfig:
     #: and vLLM reserves memory for this many per prompt, so set it to what the data holds (check-data says)
     #: (vLLM: limit_mm_per_prompt.image; EasyR1: data.limit_images)
     max_images: int = checked(1, Range(ge=1))
+    #: most frames a record's video may have (records with "video"); a video costs frames / 2 times one
+    #: frame's tokens (frames are resized within min_pixels-max_pixels like images)
+    max_video_frames: int = checked(32, Range(ge=2))
     #: "full": system instruction + detailed answer format (real checkpoints); "compact": a one-line
     #: instruction, ~3x shorter prompts for tiny models that learn the format from SFT (the CPU demo).
     prompt_style: Literal["full", "compact"] = "full"

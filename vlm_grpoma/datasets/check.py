@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlm_grpoma.datasets.images import ImageLoadError, load_image, load_mask
+from vlm_grpoma.datasets.images import ImageLoadError, load_image, load_mask, load_video_frames
 from vlm_grpoma.datasets.jsonl import load_records
 from vlm_grpoma.datasets.schema import MaskRef, Record
 
@@ -75,6 +75,7 @@ def check_record_files(record: Record, cache: dict[str, Any] | None = None) -> N
                 f"record {record.id}: {path}: aspect ratio {max(width, height) / min(width, height):.0f}:1 "
                 f"is above the {MAX_ASPECT_RATIO}:1 Qwen-VL processors accept; crop or pad the image"
             )
+    load_video_frames(record)  # each frame decodes, all of one size (the error names the record)
     if isinstance(record.ground_truth, MaskRef) and not load_mask(record).any():
         raise ImageLoadError(f"record {record.id}: {record.ground_truth.path}: mask is empty")
 

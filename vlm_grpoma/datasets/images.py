@@ -141,6 +141,23 @@ def load_prompt_images(record: Record) -> list[Image.Image]:
     ]
 
 
+def load_video_frames(record: Record) -> list[Image.Image]:
+    """The record's video frames in order (RGB, EXIF applied), all of the first frame's size."""
+    if record.video is None:
+        return []
+    frames = [load_image(path, record.id) for path in record.video.frames]
+    for path, frame in zip(record.video.frames, frames):
+        if frame.size != frames[0].size:
+            raise ImageLoadError(
+                f"{_describe(path, record.id)}: {_frame_size_problem(frame.size, frames[0].size)}"
+            )
+    return frames
+
+
+def _frame_size_problem(size: tuple[int, int], first: tuple[int, int]) -> str:
+    return f"video frame is {size[0]}x{size[1]} but the first frame is {first[0]}x{first[1]}; frames share one size"
+
+
 def image_size(path: str | Path, record_id: str | None = None) -> tuple[int, int]:
     """(width, height) after EXIF orientation, read from the header without decoding the pixels."""
     _require_file(path, record_id, "image")
@@ -267,6 +284,7 @@ def image_problems(
     """
     paths = sorted(
         {path for r in records for path in r.prompt_images}
+        | {path for r in records if r.video is not None for path in r.video.frames}
         | {r.ground_truth.path for r in records if isinstance(r.ground_truth, MaskRef)}
     )
     with _checks_cache(cache_key) as cache:
@@ -291,8 +309,12 @@ def image_problems(
         files = [(path, record if path == record.image else None, "image") for path in record.prompt_images]
         if isinstance(record.ground_truth, MaskRef):
             files.append((record.ground_truth.path, record, "mask"))
+        frames = () if record.video is None else record.video.frames
+        files += [(path, None, "video frame") for path in frames]
         for path, sized_by, what in files:  # text-only: no file to open
             problem = _size_problem(found[path], sized_by, what)
+            if problem is None and what == "video frame" and found[path] != found[frames[0]]:
+                problem = _frame_size_problem(tuple(found[path]), tuple(found[frames[0]]))
             if problem is not None:
                 problems[index] = f"{path}: {problem}"
                 break
@@ -308,4 +330,5 @@ __all__ = [
     "load_image",
     "load_mask",
     "load_prompt_images",
+    "load_video_frames",
 ]

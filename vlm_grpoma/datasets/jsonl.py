@@ -29,13 +29,16 @@ from typing import Any, TextIO
 from vlm_grpoma.answers import Box, Boxes, ContactAction, Points, Trajectory
 from vlm_grpoma.datasets.images import image_problems
 from vlm_grpoma.datasets.schema import (
+    DEFAULT_VIDEO_FPS,
     MATCHERS,
+    MIN_VIDEO_FRAMES,
     TASKS,
     TEXT_TASKS,
     GroundTruth,
     MaskRef,
     Record,
     ShortAnswer,
+    Video,
     record_to_json,
     with_images,
 )
@@ -53,7 +56,7 @@ GROUND_TRUTH_OF_TASK: dict[str, tuple[str, ...]] = {
 }
 _REQUIRED = ("id", "task", "prompt", "ground_truth")
 _IMAGE_FIELDS = ("image", "width", "height")
-_OPTIONAL = ("split", "meta", "images", "target_image")
+_OPTIONAL = ("split", "meta", "images", "target_image", "video")
 #: Deepest nesting of arrays/objects accepted in a JSON value (a record needs 5 levels).
 MAX_JSON_DEPTH = 64
 #: Longest record line read, in characters (a record with its meta is a few KB; 16 Mi leaves room for much more).
@@ -302,6 +305,37 @@ def _image_paths(obj: dict, base_dir: Path) -> tuple[str, ...]:
     return tuple(_resolve(p, base_dir) for p in paths)
 
 
+def _video(value: Any, base_dir: Path) -> Video:
+    """``{"frames": [paths], "fps": 2}``: at least :data:`MIN_VIDEO_FRAMES` frames, a positive finite rate."""
+    if not isinstance(value, dict):
+        raise _FieldError(
+            "video", f'must be an object {{"frames": [...], "fps": ...}}, got {json.dumps(value)}'
+        )
+    unknown = sorted(set(value) - {"frames", "fps"})
+    if unknown:
+        raise _FieldError(f"video.{unknown[0]}", 'unknown key (use "frames" and "fps")')
+    if "frames" not in value:
+        raise _FieldError("video.frames", "required field is missing")
+    frames = value["frames"]
+    if not isinstance(frames, list):
+        raise _FieldError("video.frames", f"must be a list of frame image paths, got {json.dumps(frames)}")
+    if len(frames) < MIN_VIDEO_FRAMES:
+        raise _FieldError(
+            "video.frames",
+            f"a video needs at least {MIN_VIDEO_FRAMES} frames (Qwen-VL encodes frames in pairs), got "
+            f"{len(frames)}; give a single frame as an image",
+        )
+    for i, frame in enumerate(frames):
+        if not isinstance(frame, str) or not frame.strip():
+            raise _FieldError(
+                f"video.frames[{i}]", f"must be a non-empty path string, got {json.dumps(frame)}"
+            )
+    fps = _number(value.get("fps", DEFAULT_VIDEO_FPS), "video.fps")
+    if fps <= 0:
+        raise _FieldError("video.fps", f"must be > 0, got {json.dumps(value['fps'])}")
+    return Video(tuple(_resolve(f, base_dir) for f in frames), float(fps))
+
+
 def _target_image(obj: dict, count: int) -> int:
     value = obj.get("target_image", 0)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < count:
@@ -328,7 +362,13 @@ def record_from_json(obj: Any, base_dir: Path) -> Record:
         raise _FieldError("task", f"must be one of {list(TASKS)}, got {json.dumps(obj['task'])}")
     images = _image_paths(obj, base_dir)
     target = _target_image(obj, len(images)) if "images" in obj else 0
+    video = _video(obj["video"], base_dir) if "video" in obj else None
     has_image = bool(images)
+    if video is not None and not has_image and obj["task"] not in TEXT_TASKS:
+        raise _FieldError(
+            "video",
+            f"a {obj['task']} record needs an image for its coordinates (image or images); the video is context",
+        )
     if has_image or obj["task"] not in TEXT_TASKS:
         missing = [k for k in _IMAGE_FIELDS if k not in obj and not (k == "image" and has_image)]
         if missing:
@@ -359,6 +399,7 @@ def record_from_json(obj: Any, base_dir: Path) -> Record:
         ground_truth=gt,
         split=obj.get("split", "train"),
         meta=meta,
+        video=video,
     )
     return with_images(record, images, target) if images else record
 
@@ -486,7 +527,8 @@ def outside_root(report: LoadReport, root: str | Path) -> LoadReport:
     folder = Path(root).resolve()
     kept = LoadReport(report.path, errors=list(report.errors))
     for record, line_no in zip(report.records, report.lines):
-        paths = [*record.prompt_images, getattr(record.ground_truth, "path", None)]
+        frames = () if record.video is None else record.video.frames
+        paths = [*record.prompt_images, *frames, getattr(record.ground_truth, "path", None)]
         outside = [p for p in paths if p is not None and not Path(p).resolve().is_relative_to(folder)]
         if outside:
             kept.errors.append(
@@ -557,6 +599,8 @@ def write_records(path: str | Path, records: Iterable[Record]) -> Path:
             obj["image"] = _relative_if_inside(record.image, out_dir)
         if isinstance(record.ground_truth, MaskRef):
             obj["ground_truth"] = {"mask": _relative_if_inside(record.ground_truth.path, out_dir)}
+        if record.video is not None:
+            obj["video"]["frames"] = [_relative_if_inside(f, out_dir) for f in record.video.frames]
         where = f"{path}: record {index} (id {record.id})"
         try:
             record_from_json(obj, Path(out_dir))

@@ -18,6 +18,10 @@ prompt order as ``"images": ["front.png", "wrist.png"]`` instead of ``image``, a
 the one whose pixels the ground truth and the answers use (default 0); ``width``/``height`` are that image's.
 In memory ``image`` is always the target image, so everything that maps coordinates reads it alone, and
 ``images`` holds every image when there are several (``()`` for one image or none).
+
+A short video (the frames before the action) is ``"video": {"frames": ["f0.png", "f1.png", ...], "fps": 2}``:
+at least 2 frames of one size, shown before the images. It is context only: a task with coordinates still
+needs an image for them, an ``answer`` record may have the video alone.
 """
 
 from __future__ import annotations
@@ -61,6 +65,19 @@ class ShortAnswer:
 
 GroundTruth = Boxes | Points | Trajectory | ContactAction | MaskRef | ShortAnswer
 
+#: Qwen-VL's temporal patch: a video is cut into pairs of frames, so it needs at least this many.
+MIN_VIDEO_FRAMES = 2
+#: Frames per second a video is said to be sampled at when its record gives none (qwen-vl-utils' FPS).
+DEFAULT_VIDEO_FPS = 2.0
+
+
+@dataclass(frozen=True)
+class Video:
+    """A video as its sampled frames (image files of one size, in time order) and the rate they were taken at."""
+
+    frames: tuple[str, ...]
+    fps: float = DEFAULT_VIDEO_FPS
+
 
 @dataclass(frozen=True)
 class Record:
@@ -77,6 +94,8 @@ class Record:
     images: tuple[str, ...] = ()
     #: index into ``images`` of the image the ground truth and the answers are in
     target_image: int = 0
+    #: a video shown before the images (context), or None
+    video: Video | None = None
 
     def __post_init__(self) -> None:
         if not self.images:
@@ -95,8 +114,8 @@ class Record:
 
     @property
     def text_only(self) -> bool:
-        """No image: the prompt is the whole input (an ``answer`` record may have none)."""
-        return self.image is None
+        """No image and no video: the prompt is the whole input (an ``answer`` record may have neither)."""
+        return self.image is None and self.video is None
 
     @property
     def prompt_images(self) -> tuple[str, ...]:
@@ -153,12 +172,19 @@ def record_to_json(record: Record) -> dict[str, Any]:
         "split": record.split,
         "ground_truth": ground_truth_to_json(record.ground_truth),
         "meta": record.meta,
+        **({} if record.video is None else {"video": video_to_json(record.video)}),
     }
+
+
+def video_to_json(video: Video) -> dict[str, Any]:
+    return {"frames": list(video.frames), "fps": video.fps}
 
 
 __all__ = [
     "ANSWER_KIND_OF_TASK",
+    "DEFAULT_VIDEO_FPS",
     "MATCHERS",
+    "MIN_VIDEO_FRAMES",
     "TASKS",
     "TEXT_TASKS",
     "Box",
@@ -167,7 +193,9 @@ __all__ = [
     "Record",
     "ShortAnswer",
     "Task",
+    "Video",
     "ground_truth_to_json",
     "record_to_json",
+    "video_to_json",
     "with_images",
 ]

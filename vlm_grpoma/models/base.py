@@ -22,13 +22,27 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class VideoInputs:
+    """A record's video as the processor saw it: the resized frames ``[T, 3, H, W]`` (T even: qwen-vl-utils
+    repeats the last frame of an odd count) and their metadata (fps, frame indices: Qwen3-VL writes timestamps
+    from them), the patches ``[P, D]``, the grid ``[1, 3]`` and, for Qwen2.5-VL, seconds per temporal patch
+    ``[1]`` (its mRoPE time axis)."""
+
+    frames: torch.Tensor
+    metadata: dict[str, Any]
+    pixel_values: torch.Tensor
+    grid_thw: torch.Tensor
+    second_per_grid_ts: torch.Tensor | None
+
+
+@dataclass
 class PromptInputs:
     """One record ready for the model.
 
     ``input_ids`` [L] is the rendered chat prompt (vision placeholders expanded, no padding);
     ``pixel_values`` [P, D] the patches of every image in order; ``image_grid_thw`` [n, 3] their grids;
     ``images`` the n resized RGB images the processor saw; ``frame`` maps model-frame coordinates of the
-    record's target image to its original pixels.
+    record's target image to its original pixels; ``video`` the record's video, if it has one.
     """
 
     record: Record
@@ -38,6 +52,7 @@ class PromptInputs:
     pixel_values: torch.Tensor | None
     image_grid_thw: torch.Tensor | None
     frame: CoordinateFrame
+    video: VideoInputs | None = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +78,8 @@ def collate(
 
     Returns input_ids / attention_mask / mm_token_type_ids [R, L] and the rows' pixel_values and
     image_grid_thw concatenated in row order, as the Qwen-VL forward expects (both absent when no row's prompt
-    has an image: text-only records).
+    has an image: text-only records), and likewise their videos' pixel_values_videos, video_grid_thw and
+    (Qwen2.5-VL) second_per_grid_ts.
     """
     import torch
 
@@ -81,7 +97,48 @@ def collate(
     if visual:
         batch["pixel_values"] = torch.cat([p.pixel_values for p in visual])
         batch["image_grid_thw"] = torch.cat([p.image_grid_thw for p in visual])
+    videos = [prompts[p].video for p in prompt_of_row if prompts[p].video is not None]
+    if videos:
+        batch["pixel_values_videos"] = torch.cat([v.pixel_values for v in videos])
+        batch["video_grid_thw"] = torch.cat([v.grid_thw for v in videos])
+        if videos[0].second_per_grid_ts is not None:
+            batch["second_per_grid_ts"] = torch.cat([v.second_per_grid_ts for v in videos])
     return batch
+
+
+#: The vision entries a collated batch may hold, and which of them are pixels (cast to the model's dtype).
+VISION_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+)
+PIXEL_KEYS = ("pixel_values", "pixel_values_videos")
+
+
+def vision_inputs(batch: dict[str, torch.Tensor], device: Any, dtype: Any) -> dict[str, torch.Tensor]:
+    """The batch's vision entries on ``device``, pixels in ``dtype`` (empty for text-only rows)."""
+    return {
+        key: batch[key].to(device, dtype) if key in PIXEL_KEYS else batch[key].to(device)
+        for key in VISION_KEYS
+        if key in batch
+    }
+
+
+def rope_positions(owner: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The mRoPE position ids [3, R, L] of a collated batch, from the model's own ``get_rope_index`` with
+    every image and video grid (and Qwen2.5-VL's seconds per temporal patch) the batch holds."""
+    grids = {
+        key: batch[key] for key in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if key in batch
+    }
+    positions, _ = owner.get_rope_index(
+        input_ids=batch["input_ids"],
+        mm_token_type_ids=batch["mm_token_type_ids"],
+        attention_mask=batch["attention_mask"],
+        **grids,
+    )
+    return positions
 
 
 def rope_index_owner(model: torch.nn.Module) -> Any:

@@ -194,7 +194,8 @@ def task_instruction(
             if style == "compact"
             else f"{lead} Answer with {ANSWER_FORMATS[kind]}."
         )
-    picture = f"Picture {record.target_image + 1}" if record.images else ""
+    several = record.images or record.video is not None  # the template labels every picture and video
+    picture = f"Picture {record.target_image + 1}" if several else ""
     if style == "compact":
         extent = f"{model_width}x{model_height} pixels" if frame.extent is None else f"0-{frame.extent}"
         where = f"{picture}, {extent}" if picture else extent

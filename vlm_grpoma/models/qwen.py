@@ -22,9 +22,9 @@ from vlm_grpoma.answers import (
     map_xy,
     parse_answer,
 )
-from vlm_grpoma.datasets.images import load_prompt_images
+from vlm_grpoma.datasets.images import load_prompt_images, load_video_frames
 from vlm_grpoma.datasets.schema import ANSWER_KIND_OF_TASK, Record
-from vlm_grpoma.models.base import PromptInputs, SpecialTokens
+from vlm_grpoma.models.base import PromptInputs, SpecialTokens, VideoInputs
 from vlm_grpoma.models.families import QwenFamily
 from vlm_grpoma.models.prompts import (
     ANSWER_CLOSE,
@@ -81,6 +81,23 @@ def special_tokens(tokenizer: Any, thought: ThoughtFormat) -> SpecialTokens:
     )
 
 
+def _video_inputs(video: tuple[Any, dict[str, Any]], encoded: Any) -> VideoInputs:
+    """The one video of a prompt as qwen-vl-utils resized it and the processor encoded it (Qwen2.5-VL's seconds
+    per temporal patch come as a list or a tensor: kept as a float tensor)."""
+    import torch
+
+    seconds = encoded.get("second_per_grid_ts")
+    return VideoInputs(
+        frames=video[0],
+        metadata=dict(video[1]),
+        pixel_values=encoded["pixel_values_videos"],
+        grid_thw=encoded["video_grid_thw"],
+        second_per_grid_ts=None
+        if seconds is None
+        else torch.as_tensor(seconds, dtype=torch.float32).reshape(-1),
+    )
+
+
 def _rounded(direction: Vec3) -> Vec3:
     return tuple(round(v, 3) for v in direction)  # type: ignore[return-value]
 
@@ -98,6 +115,7 @@ class QwenVLAdapter:
         prompt_style: str = "full",
         thinking: str = "auto",
         max_images: int = 1,
+        max_video_frames: int = 32,
     ) -> None:
         """``thinking``: ``auto`` follows the chat template (a generation prompt ending in ``<think>`` opens the
         thought); ``opened`` / ``closed`` make the prompt open the thought or leave it to the model whatever
@@ -113,6 +131,7 @@ class QwenVLAdapter:
         self.tokenizer.padding_side = "left"
         self.min_pixels, self.max_pixels = min_pixels, max_pixels
         self.max_images = max_images
+        self.max_video_frames = max_video_frames
         self.prompt_style = prompt_style
         self.template_opens_thought = opens_thought(generation_prompt(processor))
         opened = self.template_opens_thought if thinking == "auto" else thinking == "opened"
@@ -143,8 +162,14 @@ class QwenVLAdapter:
 
     # -- prompts -------------------------------------------------------------------------------------------
 
-    def messages(self, record: Record, images: Sequence[Image.Image] | None = None) -> list[dict[str, Any]]:
-        """The chat: the record's images in order (loaded unless given), then the instruction."""
+    def messages(
+        self,
+        record: Record,
+        images: Sequence[Image.Image] | None = None,
+        frames: Sequence[Image.Image] | None = None,
+    ) -> list[dict[str, Any]]:
+        """The chat: the record's video (its ``frames``), its images in order (both loaded unless given), then
+        the instruction."""
         frame = self.frame(record)
         text = task_instruction(
             record,
@@ -156,10 +181,14 @@ class QwenVLAdapter:
         )
         if images is None:
             images = load_prompt_images(record)
-        visual = [
-            {"type": "image", "image": image, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels}
-            for image in images
-        ]
+        bounds = {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels}
+        visual = [{"type": "image", "image": image, **bounds} for image in images]
+        if record.video is not None:
+            frames = load_video_frames(record) if frames is None else frames
+            fps = record.video.fps  # qwen-vl-utils reads a frame list's rate as sample_fps (raw: the same)
+            visual.insert(
+                0, {"type": "video", "video": list(frames), "sample_fps": fps, "raw_fps": fps, **bounds}
+            )
         user = {"role": "user", "content": [*visual, {"type": "text", "text": text}]}
         if self.prompt_style == "compact":
             return [user]
@@ -170,9 +199,9 @@ class QwenVLAdapter:
     def render(self, messages: list[dict[str, Any]]) -> str:
         """The chat template's text for ``messages`` plus the generation prompt, with the thought opened by
         the prompt exactly when :attr:`thought` says so (appending or dropping the template's ``<think>``)."""
-        pictures = sum(item.get("type") == "image" for m in messages for item in m["content"])
+        visuals = sum(item.get("type") in ("image", "video") for m in messages for item in m["content"])
         text = self.processor.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, add_vision_id=pictures > 1
+            messages, tokenize=False, add_generation_prompt=True, add_vision_id=visuals > 1
         )
         if self.thought.opened and not self.template_opens_thought:
             return text + OPENED_GENERATION_SUFFIX
@@ -196,33 +225,61 @@ class QwenVLAdapter:
                 raise ValueError(
                     f"record {record.id}: {len(shown)} images, more than model.max_images={self.max_images}"
                 )
+            frames = record.video.frames if record.video is not None else ()
+            if len(frames) > self.max_video_frames:
+                raise ValueError(
+                    f"record {record.id}: a video of {len(frames)} frames, more than "
+                    f"model.max_video_frames={self.max_video_frames}"
+                )
             messages = self.messages(record, shown)
             text = self.render(messages)
-            if not shown:
+            if record.text_only:
                 ids = self.processor(text=[text], return_tensors="pt")["input_ids"][0]
                 out.append(PromptInputs(record, text, (), ids, None, None, self.frame(record)))
                 continue
-            vision, _ = process_vision_info(messages, image_patch_size=self.family.patch_size)
-            target, expected = shown[record.target_image], self.resized_size(record.width, record.height)
-            if target.size != (record.width, record.height) or vision[record.target_image].size != expected:
-                raise ValueError(
-                    f"record {record.id}: image is {target.size[0]}x{target.size[1]}, resized to "
-                    f"{vision[record.target_image].size}, but the record says {record.width}x{record.height} "
-                    f"(resized {expected})"
-                )
-            enc = self.processor(text=[text], images=vision, do_resize=False, return_tensors="pt")
+            vision, videos, _ = process_vision_info(
+                messages,
+                return_video_kwargs=True,
+                return_video_metadata=True,
+                image_patch_size=self.family.patch_size,
+            )
+            if shown:
+                self._check_target(record, shown, vision)
+            video = videos[0] if videos else None
+            enc = self.processor(
+                text=[text],
+                images=vision,
+                videos=None if video is None else [video[0]],
+                video_metadata=None if video is None else [video[1]],
+                do_resize=False,
+                do_sample_frames=False,
+                return_tensors="pt",
+            )
             out.append(
                 PromptInputs(
                     record=record,
                     text=text,
-                    images=tuple(vision),
+                    images=tuple(vision or ()),
                     input_ids=enc["input_ids"][0],
-                    pixel_values=enc["pixel_values"],
-                    image_grid_thw=enc["image_grid_thw"],
+                    pixel_values=enc.get("pixel_values"),
+                    image_grid_thw=enc.get("image_grid_thw"),
                     frame=self.frame(record),
+                    video=None if video is None else _video_inputs(video, enc),
                 )
             )
         return out
+
+    def _check_target(
+        self, record: Record, shown: Sequence[Image.Image], resized: Sequence[Image.Image]
+    ) -> None:
+        """The target image must be the record's size and resize as the coordinate frame assumes."""
+        target, expected = shown[record.target_image], self.resized_size(record.width, record.height)
+        if target.size != (record.width, record.height) or resized[record.target_image].size != expected:
+            raise ValueError(
+                f"record {record.id}: image is {target.size[0]}x{target.size[1]}, resized to "
+                f"{resized[record.target_image].size}, but the record says {record.width}x{record.height} "
+                f"(resized {expected})"
+            )
 
     # -- answers -------------------------------------------------------------------------------------------
 

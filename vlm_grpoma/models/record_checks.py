@@ -3,7 +3,7 @@ one of the tokenizer's special tokens (chat control ``<|im_end|>``, vision place
 would restructure the conversation or break the image-token count, so they are refused, not escaped — an
 escape would change the prompt's text and each backend tokenises differently), a whole prompt (chat template,
 instruction, every image's tokens) longer than ``data.max_prompt_tokens``, more images than
-``model.max_images``, or an image whose resize to the model's pixel bounds fails or leaves a side of zero. ``data.skip_bad_records`` leaves them out.
+``model.max_images``, a video of more frames than ``model.max_video_frames``, or an image whose resize to the model's pixel bounds fails or leaves a side of zero. ``data.skip_bad_records`` leaves them out.
 
 The length check is bounded: a prompt longer in characters than ``max_tokens`` times the vocabulary's longest
 token cannot fit and is refused untokenised; only prompts near the limit are tokenised."""
@@ -64,10 +64,21 @@ def prompt_problems(records: Sequence[Record], adapter: QwenVLAdapter, max_token
                 "(each image adds its tokens to the prompt)"
             )
             continue
+        frames = 0 if record.video is None else len(record.video.frames)
+        if frames > adapter.max_video_frames:
+            problems[index] = (
+                f"a video of {frames} frames, more than model.max_video_frames={adapter.max_video_frames}"
+            )
+            continue
         try:
             image_tokens = sum(_image_tokens(size, adapter) for size in _sizes(record))
         except (ValueError, DataError) as err:
             problems[index] = str(err)
+            continue
+        if record.video is not None:
+            problem = _video_prompt_problem(record, adapter, max_tokens)
+            if problem is not None:
+                problems[index] = problem
             continue
         if not count or not max_tokens:  # text-only: no image to size
             continue
@@ -83,6 +94,21 @@ def prompt_problems(records: Sequence[Record], adapter: QwenVLAdapter, max_token
                 f"data.max_prompt_tokens={max_tokens}"
             )
     return problems
+
+
+def _video_prompt_problem(record: Record, adapter: QwenVLAdapter, max_tokens: int) -> str | None:
+    """Why a record with a video cannot be a prompt: its frames, its images or its length. Measured on the
+    prompt itself (the frames decoded): the video's tokens follow its resized frames, and Qwen3-VL writes a
+    timestamp per temporal patch."""
+    try:
+        (inputs,) = adapter.build_inputs([record])
+    except (ValueError, DataError) as err:
+        return str(err).removeprefix(f"record {record.id}: ")
+    tokens = len(inputs.input_ids)
+    if max_tokens and tokens > max_tokens:
+        video = int((inputs.input_ids == adapter.tokens.video_id).sum())
+        return f"prompt is {tokens} tokens ({video} of them the video's), more than data.max_prompt_tokens={max_tokens}"
+    return None
 
 
 def _sizes(record: Record) -> list[tuple[str, tuple[int, int]]]:

@@ -62,4 +62,5 @@ def load_adapter(config: ModelConfig) -> QwenVLAdapter:
         config.prompt_style,
         config.thinking,
         config.max_images,
+        config.max_video_frames,
     )

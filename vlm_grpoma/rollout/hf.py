@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vlm_grpoma.models.base import PromptInputs, SpecialTokens, collate, rope_index_owner
+from vlm_grpoma.models.base import (
+    PromptInputs,
+    SpecialTokens,
+    collate,
+    rope_index_owner,
+    rope_positions,
+    vision_inputs,
+)
 from vlm_grpoma.models.prompts import ANSWER_CLOSE, THINK_CLOSE
 from vlm_grpoma.rollout.tree import FinishReason, RolloutTree, answers_at
 from vlm_grpoma.sampling import SamplingParams
@@ -128,15 +135,9 @@ class HFRolloutEngine:
 
         dev = self._device()
         batch = {k: v.to(dev) for k, v in collate(prompts, rows, prompt_of_row, self.tokens).items()}
-        positions, _ = self._rope.get_rope_index(
-            input_ids=batch["input_ids"],
-            mm_token_type_ids=batch["mm_token_type_ids"],
-            image_grid_thw=batch.get("image_grid_thw"),
-            attention_mask=batch["attention_mask"],
-        )
+        positions = rope_positions(self._rope, batch)
         cache = DynamicCache(config=self.model.config)
-        if "pixel_values" in batch:  # absent for text-only prompts
-            batch["pixel_values"] = batch["pixel_values"].to(self.model.dtype)
+        batch |= vision_inputs(batch, dev, self.model.dtype)  # absent for text-only prompts
         out = self.model(
             **batch, position_ids=positions, **{self._cache_arg: cache}, use_cache=True, logits_to_keep=1
         )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlm_grpoma.models.base import PromptInputs, SpecialTokens, collate
+from vlm_grpoma.models.base import PromptInputs, SpecialTokens, collate, vision_inputs
 from vlm_grpoma.rollout.tree import RolloutTree
 
 
@@ -93,8 +93,7 @@ def completion_log_probs(
         key: value.to(parameter.device)
         for key, value in collate(prompts, rows, prompt_of_row, tokens).items()
     }
-    if "pixel_values" in batch:  # absent for text-only prompts
-        batch["pixel_values"] = batch["pixel_values"].to(parameter.dtype)
+    batch |= vision_inputs(batch, parameter.device, parameter.dtype)  # absent for text-only prompts
     width = max(len(c) for c in completions)
     # Left padding: every completion ends at the last column; logits at column j predict token j + 1.
     logits = model(**batch, use_cache=False, logits_to_keep=width + 1).logits[:, :-1]

@@ -26,7 +26,14 @@ from dataclasses import dataclass
 import torch
 
 from vlm_grpoma.models.attention import BLOCK_MASK_ATTENTION, FLEX_ATTENTION
-from vlm_grpoma.models.base import SpecialTokens, collate, rope_index_owner
+from vlm_grpoma.models.base import (
+    VISION_KEYS,
+    SpecialTokens,
+    collate,
+    rope_index_owner,
+    rope_positions,
+    vision_inputs,
+)
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.trainer.logprobs import RAW_SCORING, PathLogProbs, ScoringOptions, tempered, token_entropy
 
@@ -46,8 +53,7 @@ class PackedBatch:
     thought_of: torch.Tensor  # [b, L] thought index k of a thought or answer column, -1 in the prompt
     answer_of: torch.Tensor  # [b, L] answer index m of an answer column, -1 elsewhere
     mm_token_type_ids: torch.Tensor  # [b, L]
-    pixel_values: torch.Tensor | None  # None when no prompt of the rows has an image (text-only records)
-    image_grid_thw: torch.Tensor | None
+    vision: dict[str, torch.Tensor]  # the prompts' images and videos (models/base.VISION_KEYS); {}: text-only
     first_target_column: int  # columns before this one never predict a target (the left-padded prompt)
     # [b, K, Lt] predicting column of each thought token (any valid one at padding)
     thought_source: torch.Tensor
@@ -62,12 +68,7 @@ def pack(
     lt, la = tree.thought_ids.shape[-1], tree.answer_ids.shape[-1]
     prompts = [tree.prompts[b] for b in prompt_indices]
     head = collate(prompts, [p.input_ids.tolist() for p in prompts], range(len(prompts)), tokens)
-    prompt_pos, _ = rope_index_owner(model).get_rope_index(
-        input_ids=head["input_ids"],
-        mm_token_type_ids=head["mm_token_type_ids"],
-        image_grid_thw=head.get("image_grid_thw"),
-        attention_mask=head["attention_mask"],
-    )
+    prompt_pos = rope_positions(rope_index_owner(model), head)
     next_pos = prompt_pos.amax(dim=(0, 2)) + 1  # [b]
     width = head["input_ids"].shape[1]
 
@@ -125,8 +126,7 @@ def pack(
         thought_of,
         answer_of,
         mm_types,
-        head.get("pixel_values"),
-        head.get("image_grid_thw"),
+        {key: head[key] for key in VISION_KEYS if key in head},
         width - 1,
         torch.stack(thought_source),
         torch.stack(answer_source),
@@ -248,12 +248,8 @@ def shared_prefix_log_probs(
     else:
         mask = dense_mask(packed, dtype, dev)
     keep = packed.input_ids.shape[1] - packed.first_target_column
-    visual = {}  # text-only rows: no vision inputs at all; a mixed batch carries the pictured prompts' only
-    if packed.pixel_values is not None:
-        visual = {
-            "pixel_values": packed.pixel_values.to(dev, dtype),
-            "image_grid_thw": packed.image_grid_thw.to(dev),
-        }
+    # text-only rows: no vision inputs at all; a mixed batch carries the pictured prompts' only
+    visual = vision_inputs(packed.vision, dev, dtype)
     logits = model(
         input_ids=packed.input_ids.to(dev),
         attention_mask=mask,
