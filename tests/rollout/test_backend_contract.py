@@ -20,6 +20,7 @@ import gc
 import importlib.util
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ from tests.rollout.server_process import ServerProcess, start_server
 from vlm_grpoma.algorithm.diagnostics import logprob_mismatch
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import Config, ModelConfig, RolloutConfig
-from vlm_grpoma.datasets.schema import Record, with_images
+from vlm_grpoma.datasets.schema import Record, Video, with_images
 from vlm_grpoma.models.families import ARCHS
 from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.rollout.backends import build_rollout_engine
@@ -47,6 +48,7 @@ TOLERANCE = {"hf": 1e-4, "vllm-cpu": 1e-4, "vllm-cuda": 5e-3}
 SHARED, TAG_BOOST, VISION_BOOST = 50.0, 5.25, 9.0
 PRESET = "small"
 MAX_IMAGES = 2
+MAX_VIDEO_FRAMES = 4
 
 
 def vllm_skip_reason() -> str | None:
@@ -88,8 +90,8 @@ def tagged_checkpoint(src: Path, dst: Path, boosts: dict[int, float]) -> Path:
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory) -> list[Record]:
-    """A one-image prompt and a two-image one (a second view of another size first, the target second), so
-    every check below holds with several images per prompt too."""
+    """A one-image prompt and one with a video (3 frames) and two images (a second view of another size first,
+    the target second), so every check below holds with several images and a video per prompt too."""
     folder = tmp_path_factory.mktemp("contract-images")
     out = []
     for i, (w, h) in enumerate([(100, 80), (40, 150)]):
@@ -107,7 +109,12 @@ def records(tmp_path_factory) -> list[Record]:
             )
         )
     Image.new("RGB", (72, 56), (200, 40, 40)).save(folder / "view.png")
+    frames = []
+    for i in range(3):
+        frames.append(str(folder / f"frame{i}.png"))
+        Image.new("RGB", (64, 48), (30 * i, 60, 200 - 30 * i)).save(frames[-1])
     out[1] = with_images(out[1], (str(folder / "view.png"), out[1].image), target_image=1)
+    out[1] = replace(out[1], video=Video(tuple(frames), fps=2.0))
     return out
 
 
@@ -144,7 +151,11 @@ def setup(request, tiny_model_dir, tmp_path_factory, records):
                 }
                 folder = tagged_checkpoint(plain, tmp_path_factory.mktemp(f"tagged-{arch}") / "ckpt", boosts)
             model_cfg = ModelConfig(
-                name_or_path=str(folder), dtype="float32", max_pixels=112 * 112, max_images=MAX_IMAGES
+                name_or_path=str(folder),
+                dtype="float32",
+                max_pixels=112 * 112,
+                max_images=MAX_IMAGES,
+                max_video_frames=MAX_VIDEO_FRAMES,
             )
             loaded = load_model(model_cfg)
             loaded.model.eval()
@@ -153,7 +164,13 @@ def setup(request, tiny_model_dir, tmp_path_factory, records):
             if backend == "vllm_server":  # a server on the same checkpoint, in its own process
                 log = tmp_path_factory.mktemp(f"server-{arch}-{kind}") / "server.log"
                 servers.append(
-                    start_server(folder, log, "model.max_pixels=12544", f"model.max_images={MAX_IMAGES}")
+                    start_server(
+                        folder,
+                        log,
+                        "model.max_pixels=12544",
+                        f"model.max_images={MAX_IMAGES}",
+                        f"model.max_video_frames={MAX_VIDEO_FRAMES}",
+                    )
                 )
                 rollout.server.urls = [servers[-1].url]
             config = Config(model=model_cfg, rollout=rollout)

@@ -126,6 +126,7 @@ def running(
         "min_pixels": model.adapter.min_pixels,
         "max_pixels": model.adapter.max_pixels,
         "max_images": model.adapter.max_images,
+        "max_video_frames": model.adapter.max_video_frames,
     }
     verifier = RequestVerifier(token) if token else None
     service = RolloutService(engine, description, limits or ServerLimits(), verifier)

@@ -64,7 +64,9 @@ def _records(folder, shade: int = 40) -> list[Record]:
 
 
 def _load(tiny_model_dir, arch):
-    config = ModelConfig(name_or_path=str(tiny_model_dir(arch)), dtype="float32", max_pixels=112 * 112)
+    config = ModelConfig(
+        name_or_path=str(tiny_model_dir(arch)), dtype="float32", max_pixels=112 * 112, max_video_frames=4
+    )
     loaded = load_model(config)
     return loaded.model.eval(), loaded.adapter
 

@@ -54,9 +54,10 @@ class ModelConfig:
     #: and vLLM reserves memory for this many per prompt, so set it to what the data holds (check-data says)
     #: (vLLM: limit_mm_per_prompt.image; EasyR1: data.limit_images)
     max_images: int = checked(1, Range(ge=1))
-    #: most frames a record's video may have (records with "video"); a video costs frames / 2 times one
-    #: frame's tokens (frames are resized within min_pixels-max_pixels like images)
-    max_video_frames: int = checked(32, Range(ge=2))
+    #: most frames a record's video may have (records with "video"); 0: no videos. A video costs frames / 2
+    #: times one frame's tokens (frames are resized within min_pixels-max_pixels like images), and vLLM
+    #: reserves memory for one video per prompt when this is set (vLLM: limit_mm_per_prompt.video)
+    max_video_frames: int = checked(0, Range(ge=0, note="0: no videos"))
     #: "full": system instruction + detailed answer format (real checkpoints); "compact": a one-line
     #: instruction, ~3x shorter prompts for tiny models that learn the format from SFT (the CPU demo).
     prompt_style: Literal["full", "compact"] = "full"

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class VideoInputs:
-    """A record's video as the processor saw it: the resized frames ``[T, 3, H, W]`` (T even: qwen-vl-utils
+    """A record's video as the processor saw it: the resized frames, uint8 ``[T, 3, H, W]`` (T even: qwen-vl-utils
     repeats the last frame of an odd count) and their metadata (fps, frame indices: Qwen3-VL writes timestamps
     from them), the patches ``[P, D]``, the grid ``[1, 3]`` and, for Qwen2.5-VL, seconds per temporal patch
     ``[1]`` (its mRoPE time axis)."""
@@ -53,6 +53,9 @@ class PromptInputs:
     image_grid_thw: torch.Tensor | None
     frame: CoordinateFrame
     video: VideoInputs | None = None
+    #: with a video: the prompt before the processor expanded its placeholders (what vLLM takes); None: the
+    #: runs of image placeholders in ``input_ids`` collapsed give it
+    placeholder_ids: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -127,8 +130,13 @@ def vision_inputs(batch: dict[str, torch.Tensor], device: Any, dtype: Any) -> di
 
 
 def rope_positions(owner: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The mRoPE position ids [3, R, L] of a collated batch, from the model's own ``get_rope_index`` with
-    every image and video grid (and Qwen2.5-VL's seconds per temporal patch) the batch holds."""
+    """The mRoPE position ids [3, R, L] of a collated batch: the model's own ``get_rope_index`` with every
+    image and video grid the batch holds, except Qwen2/2.5-VL batches with a video, which follow the reference
+    rule transformers 5 departs from (:mod:`~vlm_grpoma.models.positions`)."""
+    from vlm_grpoma.models.positions import FAMILIES_WITH_VIDEO_TIME_AXIS, video_positions
+
+    if "video_grid_thw" in batch and owner.config.model_type in FAMILIES_WITH_VIDEO_TIME_AXIS:
+        return video_positions(owner.config, batch).to(batch["input_ids"].device)
     grids = {
         key: batch[key] for key in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if key in batch
     }

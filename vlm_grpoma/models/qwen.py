@@ -36,6 +36,7 @@ from vlm_grpoma.models.prompts import (
 )
 
 if TYPE_CHECKING:
+    import torch
     from PIL import Image
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
@@ -81,6 +82,14 @@ def special_tokens(tokenizer: Any, thought: ThoughtFormat) -> SpecialTokens:
     )
 
 
+def _as_pixels(frames: Any) -> Any:
+    """Resized frames as uint8 pixels: qwen-vl-utils' bicubic resize leaves fractional values, which no other
+    backend can be sent, so the trainer too sees the frames rounded (as it sees images: PIL pixels)."""
+    import torch
+
+    return frames.round().clamp(0, 255).to(torch.uint8)
+
+
 def _video_inputs(video: tuple[Any, dict[str, Any]], encoded: Any) -> VideoInputs:
     """The one video of a prompt as qwen-vl-utils resized it and the processor encoded it (Qwen2.5-VL's seconds
     per temporal patch come as a list or a tensor: kept as a float tensor)."""
@@ -115,7 +124,7 @@ class QwenVLAdapter:
         prompt_style: str = "full",
         thinking: str = "auto",
         max_images: int = 1,
-        max_video_frames: int = 32,
+        max_video_frames: int = 0,
     ) -> None:
         """``thinking``: ``auto`` follows the chat template (a generation prompt ending in ``<think>`` opens the
         thought); ``opened`` / ``closed`` make the prompt open the thought or leave it to the model whatever
@@ -229,7 +238,7 @@ class QwenVLAdapter:
             if len(frames) > self.max_video_frames:
                 raise ValueError(
                     f"record {record.id}: a video of {len(frames)} frames, more than "
-                    f"model.max_video_frames={self.max_video_frames}"
+                    f"model.max_video_frames={self.max_video_frames}; set it to at least {len(frames)}"
                 )
             messages = self.messages(record, shown)
             text = self.render(messages)
@@ -245,7 +254,7 @@ class QwenVLAdapter:
             )
             if shown:
                 self._check_target(record, shown, vision)
-            video = videos[0] if videos else None
+            video = None if not videos else (_as_pixels(videos[0][0]), dict(videos[0][1]))
             enc = self.processor(
                 text=[text],
                 images=vision,
@@ -265,9 +274,18 @@ class QwenVLAdapter:
                     image_grid_thw=enc.get("image_grid_thw"),
                     frame=self.frame(record),
                     video=None if video is None else _video_inputs(video, enc),
+                    placeholder_ids=None if video is None else self._placeholder_ids(text),
                 )
             )
         return out
+
+    def _placeholder_ids(self, text: str) -> torch.Tensor:
+        """The rendered prompt's tokens with one placeholder per image and video, before the processor expands
+        them: what vLLM expands itself (a video's expansion interleaves Qwen3-VL's timestamps, so collapsing
+        runs of placeholders cannot recover it)."""
+        import torch
+
+        return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
 
     def _check_target(
         self, record: Record, shown: Sequence[Image.Image], resized: Sequence[Image.Image]

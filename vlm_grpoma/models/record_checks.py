@@ -3,7 +3,8 @@ one of the tokenizer's special tokens (chat control ``<|im_end|>``, vision place
 would restructure the conversation or break the image-token count, so they are refused, not escaped — an
 escape would change the prompt's text and each backend tokenises differently), a whole prompt (chat template,
 instruction, every image's tokens) longer than ``data.max_prompt_tokens``, more images than
-``model.max_images``, a video of more frames than ``model.max_video_frames``, or an image whose resize to the model's pixel bounds fails or leaves a side of zero. ``data.skip_bad_records`` leaves them out.
+``model.max_images``, a video of more frames than ``model.max_video_frames``, or an image whose resize to the
+model's pixel bounds fails or leaves a side of zero. ``data.skip_bad_records`` leaves them out.
 
 The length check is bounded: a prompt longer in characters than ``max_tokens`` times the vocabulary's longest
 token cannot fit and is refused untokenised; only prompts near the limit are tokenised."""
@@ -67,7 +68,8 @@ def prompt_problems(records: Sequence[Record], adapter: QwenVLAdapter, max_token
         frames = 0 if record.video is None else len(record.video.frames)
         if frames > adapter.max_video_frames:
             problems[index] = (
-                f"a video of {frames} frames, more than model.max_video_frames={adapter.max_video_frames}"
+                f"a video of {frames} frames, more than model.max_video_frames={adapter.max_video_frames}; "
+                f"set it to at least {frames}"
             )
             continue
         try:

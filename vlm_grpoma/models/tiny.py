@@ -268,7 +268,10 @@ def build_processor(arch: str, tokenizer, min_pixels: int = MIN_PIXELS, max_pixe
     patch = 16 if arch == "qwen3_vl" else 14
     factor = patch * 2
     size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
-    image = tf.Qwen2VLImageProcessor(size=size, patch_size=patch, merge_size=2)
+    # Qwen3-VL releases normalise images and videos with mean = std = 0.5 (SigLIP's), Qwen2/2.5-VL with CLIP's
+    # (the processor's default); vLLM normalises both modalities on the device with the image processor's values
+    release = {"image_mean": [0.5] * 3, "image_std": [0.5] * 3} if arch == "qwen3_vl" else {}
+    image = tf.Qwen2VLImageProcessor(size=size, patch_size=patch, merge_size=2, **release)
     if arch == "qwen3_vl":
         video = tf.Qwen3VLVideoProcessor(
             size={"shortest_edge": factor * factor * 4, "longest_edge": max_pixels * 2},

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 
 import torch
 
-from vlm_grpoma.models.base import PromptInputs, SpecialTokens, collate, vision_inputs
+from vlm_grpoma.models.base import (
+    PromptInputs,
+    SpecialTokens,
+    collate,
+    rope_index_owner,
+    rope_positions,
+    vision_inputs,
+)
 from vlm_grpoma.rollout.tree import RolloutTree
 
 
@@ -93,10 +100,11 @@ def completion_log_probs(
         key: value.to(parameter.device)
         for key, value in collate(prompts, rows, prompt_of_row, tokens).items()
     }
+    positions = rope_positions(rope_index_owner(model), batch)  # one rule with the rollout and packed pass
     batch |= vision_inputs(batch, parameter.device, parameter.dtype)  # absent for text-only prompts
     width = max(len(c) for c in completions)
     # Left padding: every completion ends at the last column; logits at column j predict token j + 1.
-    logits = model(**batch, use_cache=False, logits_to_keep=width + 1).logits[:, :-1]
+    logits = model(**batch, position_ids=positions, use_cache=False, logits_to_keep=width + 1).logits[:, :-1]
     logits = tempered(logits, options.temperature)
     right_aligned = token_log_probs(logits, batch["input_ids"][:, -width:])
     lengths = torch.tensor([len(c) for c in completions], device=parameter.device)

@@ -214,12 +214,14 @@ class ServerRolloutEngine:
             "model.min_pixels": self.adapter.min_pixels,
             "model.max_pixels": self.adapter.max_pixels,
             "model.max_images": self.adapter.max_images,
+            "model.max_video_frames": self.adapter.max_video_frames,
             "algorithm.logprob_temperature (tempered log-probs)": self.tempered_logprobs,
         }
         theirs = {
             "model.min_pixels": health.get("min_pixels"),
             "model.max_pixels": health.get("max_pixels"),
             "model.max_images": health.get("max_images"),
+            "model.max_video_frames": health.get("max_video_frames"),
             "algorithm.logprob_temperature (tempered log-probs)": health.get("tempered_logprobs"),
         }
         for key, value in ours.items():

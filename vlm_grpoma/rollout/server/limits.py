@@ -28,13 +28,19 @@ class ServerLimits:
     context_tokens: int = 0  # the engine's context: prompt + thought + answer (0: unchecked)
     max_pixels: int = 0  # the server's model.max_pixels: a resized image is never larger (0: unchecked)
     max_images: int = 0  # the server's model.max_images: images of one prompt (0: unchecked)
+    max_video_frames: int = 0  # the server's model.max_video_frames: frames of one video (0: no videos)
 
     def body_bytes(self, path: str) -> int:
         return self.weights_bytes if path == "/weights" else self.request_bytes
 
     @classmethod
     def for_model(
-        cls, parameters: int, context_tokens: int, max_pixels: int, max_images: int = 0
+        cls,
+        parameters: int,
+        context_tokens: int,
+        max_pixels: int,
+        max_images: int = 0,
+        max_video_frames: int = 0,
     ) -> ServerLimits:
         """Limits of a server whose model holds ``parameters`` (pushed in float32 at most, plus 10 % and 64 MiB
         for names and framing) with this context, pixel bound and images per prompt."""
@@ -43,6 +49,7 @@ class ServerLimits:
             context_tokens=context_tokens,
             max_pixels=max_pixels,
             max_images=max_images,
+            max_video_frames=max_video_frames,
         )
 
     def check_sampling(
@@ -68,8 +75,17 @@ class ServerLimits:
                     f"{what}: prompts[{i}]: {len(prompt.images)} images; this server's model.max_images is "
                     f"{self.max_images}"
                 )
-            for image in prompt.images if self.max_pixels else ():
-                width, height = image.size
+            # qwen-vl-utils repeats the last of an odd number of frames: the bound rounded up to even
+            frame_cap = self.max_video_frames + self.max_video_frames % 2
+            if prompt.video is not None and len(prompt.video.frames) > frame_cap:
+                raise WireError(
+                    f"{what}: prompts[{i}]: a video of {len(prompt.video.frames)} frames; this server's "
+                    f"model.max_video_frames is {self.max_video_frames}"
+                )
+            sizes = [image.size for image in prompt.images]
+            if prompt.video is not None:
+                sizes.append((prompt.video.frames.shape[-1], prompt.video.frames.shape[-2]))
+            for width, height in sizes if self.max_pixels else ():
                 if width * height > self.max_pixels:
                     raise WireError(
                         f"{what}: prompts[{i}]: a {width}x{height} image; this server's model.max_pixels is "

@@ -455,13 +455,14 @@ def build_service(config: Config, verifier: RequestVerifier | None = None) -> Ro
         "min_pixels": adapter.min_pixels,
         "max_pixels": adapter.max_pixels,
         "max_images": adapter.max_images,
+        "max_video_frames": adapter.max_video_frames,
         "tempered_logprobs": options.tempered_logprobs,
     }
     context = options.max_model_len or context_length(
         config.model.name_or_path, config.model.trust_remote_code
     )
     limits = ServerLimits.for_model(
-        pushed_parameters(config), context, adapter.max_pixels, adapter.max_images
+        pushed_parameters(config), context, adapter.max_pixels, adapter.max_images, adapter.max_video_frames
     )
     # LoRA runs push adapters onto the base files; hashing them (about a second per GB) only for those
     base = BaseCheckpoint.of_model(config.model.name_or_path) if config.model.lora.enabled else None

@@ -3,7 +3,8 @@
 Every body is one ``torch.save`` of plain containers and tensors, read back with ``torch.load(weights_only=True)``
 (no pickled code runs on either side). A prompt travels as the parts the vLLM engine reads: its token ids
 (vision placeholders expanded, which the server checks against its own expansion), the resized images in
-prompt order, each as ``uint8 [H, W, 3]``, and the record id for messages. A tree travels without its prompts; the client puts its own
+prompt order, each as ``uint8 [H, W, 3]``, a video as its frames ``uint8 [T, 3, H, W]``, their metadata and the
+prompt before expansion, and the record id for messages. A tree travels without its prompts; the client puts its own
 back. Weights travel as ``(name, tensor)`` pairs; :func:`weights_digest` fingerprints them on both sides.
 """
 
@@ -46,6 +47,16 @@ class ServedPrompt:
     record: RecordRef
     input_ids: torch.Tensor
     images: tuple[Image.Image, ...]
+    video: VideoFrames | None = None
+    placeholder_ids: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class VideoFrames:
+    """A served prompt's video: what the vLLM request reads of a :class:`~vlm_grpoma.models.base.VideoInputs`."""
+
+    frames: torch.Tensor  # uint8 [T, 3, H, W]
+    metadata: dict[str, Any]
 
 
 def dumps(payload: dict[str, Any]) -> bytes:
@@ -121,9 +132,42 @@ def encode_prompts(prompts: Sequence[PromptInputs]) -> list[dict[str, Any]]:
             "record_id": p.record.id,
             "input_ids": p.input_ids,
             "images": [torch.from_numpy(np.asarray(image.convert("RGB")).copy()) for image in p.images],
+            **({} if p.video is None else _encode_video(p)),
         }
         for p in prompts
     ]
+
+
+def _encode_video(prompt: PromptInputs) -> dict[str, Any]:
+    meta = prompt.video.metadata
+    return {
+        "video": prompt.video.frames,
+        "video_fps": float(meta["fps"]),
+        "video_frame_indices": torch.tensor(meta["frames_indices"], dtype=torch.long),
+        "video_total_frames": float(meta["total_num_frames"]),
+        "placeholder_ids": prompt.placeholder_ids,
+    }
+
+
+def _decode_video(row: dict, part: str) -> tuple[VideoFrames | None, torch.Tensor | None]:
+    """A row's video (frames, metadata) and prompt before expansion; both absent without a video."""
+    if "video" not in row:
+        return None, None
+    frames = required(row, "video", torch.Tensor, part)
+    if frames.dtype != torch.uint8 or frames.dim() != 4 or frames.shape[1] != 3 or len(frames) < 2:
+        raise WireError(f"{part}: video must be a uint8 [T, 3, H, W] tensor of at least 2 frames")
+    indices = required(row, "video_frame_indices", torch.Tensor, part)
+    if indices.dtype != torch.long or indices.shape != (len(frames),):
+        raise WireError(f"{part}: video_frame_indices must be a long tensor, one index per frame")
+    fps = required(row, "video_fps", float, part)
+    total = required(row, "video_total_frames", float, part)
+    if not (math.isfinite(fps) and fps > 0 and math.isfinite(total) and total > 0):
+        raise WireError(f"{part}: video_fps and video_total_frames must be positive and finite")
+    ids = required(row, "placeholder_ids", torch.Tensor, part)
+    if ids.dim() != 1 or ids.dtype != torch.long:
+        raise WireError(f"{part}: placeholder_ids must be a 1-d long tensor")
+    metadata = {"fps": fps, "frames_indices": indices.tolist(), "total_num_frames": total}
+    return VideoFrames(frames, metadata), ids
 
 
 def decode_prompts(rows: Any, what: str) -> list[ServedPrompt]:
@@ -146,11 +190,14 @@ def decode_prompts(rows: Any, what: str) -> list[ServedPrompt]:
                 and image.shape[-1] == 3
             ):
                 raise WireError(f"{part}: images[{j}] must be a uint8 [H, W, 3] tensor")
+        video, placeholder_ids = _decode_video(row, part)
         prompts.append(
             ServedPrompt(
                 RecordRef(str(required(row, "record_id", str, part))),
                 ids,
                 tuple(Image.fromarray(image.numpy(), "RGB") for image in images),
+                video,
+                placeholder_ids,
             )
         )
     return prompts

@@ -105,7 +105,7 @@ def engine_arguments(
         "enforce_eager": options.enforce_eager,
         "logprobs_mode": "processed_logprobs" if options.tempered_logprobs else "raw_logprobs",
         "generation_config": "vllm",
-        "limit_mm_per_prompt": {"image": adapter.max_images, "video": 0},
+        "limit_mm_per_prompt": {"image": adapter.max_images, "video": int(adapter.max_video_frames > 0)},
         "mm_processor_kwargs": pixel_bounds(adapter.min_pixels, adapter.max_pixels),
     }
     if options.block_size:

@@ -3,7 +3,8 @@ close truncated thoughts, and phase 2 (M answers per thought), built from prompt
 
 vLLM expands each ``<|image_pad|>`` of a token prompt into its image's tokens itself, so a request carries the
 prompt with every run of image placeholders collapsed to one, plus the resized PIL images in prompt order and
-the adapter's pixel bounds. Log-probs are requested for the sampled token only (``logprobs=0``); vision tokens (and, in
+the adapter's pixel bounds. A prompt with a video carries the prompt before expansion (``placeholder_ids``) and
+the frames the trainer saw, ``uint8 [T, H, W, 3]`` with their metadata, neither resized nor resampled again. Log-probs are requested for the sampled token only (``logprobs=0``); vision tokens (and, in
 thoughts, end of turn) are banned through ``bad_words``, each banned string encoding to its one special-token id.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from vlm_grpoma.models.base import PromptInputs, SpecialTokens
 from vlm_grpoma.models.prompts import ANSWER_CLOSE, THINK_CLOSE
@@ -33,15 +36,23 @@ class Request:
     images: tuple[Image.Image, ...]  # (): a text-only prompt, sent without multi-modal data
     mm_processor_kwargs: dict[str, Any]
     sampling: dict[str, Any]
+    video: tuple[np.ndarray, dict[str, Any]] | None = None  # frames [T, H, W, 3] and their metadata
 
     def prompt(self) -> dict[str, Any]:
         """The ``vllm.inputs.TokensPrompt`` (a TypedDict, so a plain dict)."""
-        if not self.images:
+        if not self.images and self.video is None:
             return {"prompt_token_ids": list(self.prompt_token_ids)}
+        data: dict[str, Any] = {}
+        if self.images:
+            data["image"] = self.images[0] if len(self.images) == 1 else list(self.images)
+        kwargs = dict(self.mm_processor_kwargs)
+        if self.video is not None:  # the trainer's frames exactly: no resampling, no second resize
+            data["video"] = self.video
+            kwargs |= {"do_sample_frames": False, "do_resize": False}
         return {
             "prompt_token_ids": list(self.prompt_token_ids),
-            "multi_modal_data": {"image": self.images[0] if len(self.images) == 1 else list(self.images)},
-            "mm_processor_kwargs": dict(self.mm_processor_kwargs),
+            "multi_modal_data": data,
+            "mm_processor_kwargs": kwargs,
         }
 
 
@@ -52,6 +63,14 @@ def collapse_image_placeholders(ids: Sequence[int], image_id: int) -> list[int]:
         if not (token == image_id and out and out[-1] == image_id):
             out.append(int(token))
     return out
+
+
+def video_request(prompt: PromptInputs) -> tuple[np.ndarray, dict[str, Any]] | None:
+    """The prompt's video as vLLM takes it: uint8 frames ``[T, H, W, 3]`` and the metadata the trainer used."""
+    if prompt.video is None:
+        return None
+    frames = prompt.video.frames.permute(0, 2, 3, 1).contiguous().numpy()
+    return frames, dict(prompt.video.metadata)
 
 
 def request_seed(base: int, *path: int) -> int:
@@ -104,10 +123,14 @@ class RequestBuilder:
         )
 
     def _request(self, prompt: PromptInputs, continuation: Sequence[int], **sampling: Any) -> Request:
-        ids = collapse_image_placeholders(prompt.input_ids.tolist(), self.tokens.image_id) + list(
-            continuation
+        if prompt.placeholder_ids is not None:
+            ids = prompt.placeholder_ids.tolist()
+        else:
+            ids = collapse_image_placeholders(prompt.input_ids.tolist(), self.tokens.image_id)
+        bounds = pixel_bounds(self.min_pixels, self.max_pixels)
+        return Request(
+            ids + list(continuation), tuple(prompt.images), bounds, sampling, video_request(prompt)
         )
-        return Request(ids, tuple(prompt.images), pixel_bounds(self.min_pixels, self.max_pixels), sampling)
 
     @staticmethod
     def _filters(temperature: float, params: SamplingParams) -> dict[str, Any]:
