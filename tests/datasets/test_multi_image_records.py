@@ -154,7 +154,8 @@ def test_a_video_record_reads_checks_and_round_trips(tmp_path):
         record.video.frames == tuple(str(tmp_path / f"f{i}.png") for i in range(3)) and record.video.fps == 4
     )
     assert record.image == str(tmp_path / "now.png") and not record.text_only
-    assert check_records([tmp_path / "r.jsonl"]).ok
+    check = check_records([tmp_path / "r.jsonl"])
+    assert check.ok and "videos: 1 record(s), 1 as frames (3-3 frames)" in "\n".join(summary(check))
     copy = write_records(tmp_path / "copy.jsonl", [record])
     assert json.loads(copy.read_text())["video"] == {"frames": ["f0.png", "f1.png", "f2.png"], "fps": 4.0}
     assert read_records(copy) == [record]
@@ -167,7 +168,12 @@ def test_a_video_record_reads_checks_and_round_trips(tmp_path):
         ({"video": {"frames": []}}, "video.frames: a video needs at least 2 frames"),
         ({"video": {"frames": ["f0.png", 3]}}, "video.frames[1]: must be a non-empty path string"),
         ({"video": {"frames": ["f0.png", "f1.png"], "fps": 0}}, "video.fps: must be > 0"),
-        ({"video": {"path": "clip.mp4"}}, "video.path: unknown key"),
+        (
+            {"video": {"frames": ["f0.png", "f1.png"], "path": "clip.mp4"}},
+            'video: give "frames" (image files) or "path"',
+        ),
+        ({"video": {"clip": "x.mp4"}}, "video.clip: unknown key"),
+        ({"video": {"path": ""}}, "video.path: must be a non-empty path string"),
         ({"video": ["f0.png", "f1.png"]}, "video: must be an object"),
     ],
 )
@@ -201,4 +207,60 @@ def test_frames_must_exist_and_share_one_size(tmp_path):
     )
     assert check.errors[1].startswith(f"{path}:2") and "nope.png: image file not found" in check.errors[1]
     with pytest.raises(RecordError, match=r"r.jsonl:1 \(id clip\): .*f2.png: video frame is 40x32"):
+        read_records(path, check_images=True)
+
+
+def _clip(path: Path, frames: int = 20, rate: int = 10) -> Path:
+    """An MPEG-4 clip of ``frames`` frames at ``rate`` per second, each frame's red level its index * 12."""
+    import av
+    import numpy as np
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=rate)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(frames):
+            pixels = np.zeros((48, 64, 3), np.uint8)
+            pixels[..., 0] = i * 12
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def test_a_video_file_is_sampled_at_its_fps(tmp_path):
+    import av
+    import numpy as np
+
+    from vlm_grpoma.datasets.images import decode_video, load_video_frames
+
+    clip = _clip(tmp_path / "clip.mp4")
+    obj = _video_record(tmp_path) | {"video": {"path": "clip.mp4", "fps": 2}}
+    (record,) = read_records(_write(tmp_path / "r.jsonl", [obj]), check_images=True)
+    assert record.video.path == str(clip) and record.video.frames == ()
+    with av.open(str(clip)) as container:  # every frame, then those at 0, 0.5, 1 and 1.5 s (10 per second)
+        every = [f.to_ndarray(format="rgb24") for f in container.decode(container.streams.video[0])]
+    sampled = load_video_frames(record)
+    assert len(sampled) == 4 and all(
+        np.array_equal(np.asarray(f), every[i]) for f, i in zip(sampled, (0, 5, 10, 15))
+    )
+    with pytest.raises(Exception, match="more than 3 frames at 2 per second"):
+        decode_video(str(clip), 2.0, 3, "clip")
+    assert json.loads(write_records(tmp_path / "copy.jsonl", [record]).read_text())["video"] == {
+        "path": "clip.mp4",
+        "fps": 2.0,
+    }
+
+
+def test_a_video_file_that_is_not_one_is_one_error_naming_the_record(tmp_path):
+    (tmp_path / "clip.mp4").write_bytes(b"not a video at all")
+    obj = _video_record(tmp_path) | {"video": {"path": "clip.mp4"}}
+    path = _write(tmp_path / "r.jsonl", [obj, obj | {"id": "gone", "video": {"path": "nope.mp4"}}])
+    report = load_records(path)
+    assert len(report.records) == 2  # the schema is fine; the files are not
+    check = check_records([path])
+    assert check.records == [] and len(check.errors) == 2
+    assert check.errors[0].startswith(f"{path}:1") and "clip.mp4: cannot" in check.errors[0]
+    assert check.errors[1].startswith(f"{path}:2") and "nope.mp4: video file not found" in check.errors[1]
+    with pytest.raises(RecordError, match=r"r.jsonl:1 \(id clip\): .*clip.mp4: cannot open video"):
         read_records(path, check_images=True)

@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -136,14 +137,17 @@ def test_an_overlay_that_cannot_be_drawn_loses_no_metrics(tmp_path, caplog):
 def test_a_several_image_overlay_draws_on_the_target_and_shows_the_others_as_thumbnails(tmp_path):
     from PIL import Image
 
-    from vlm_grpoma.datasets.schema import with_images
+    from vlm_grpoma.datasets.schema import Video, with_images
     from vlm_grpoma.eval.overlays import THUMB_GAP, THUMB_SIDE, overlay_size
 
     Image.new("RGB", (100, 100), (250, 250, 250)).save(tmp_path / "front.png")
     Image.new("RGB", (60, 200), (0, 0, 255)).save(tmp_path / "wrist.png")
+    for i in range(2):
+        Image.new("RGB", (40, 30), (255, 0, 255)).save(tmp_path / f"frame{i}.png")
     rec = with_images(
         _record(Boxes((Box(10, 10, 50, 50),))), (str(tmp_path / "wrist.png"), str(tmp_path / "front.png")), 1
     )
+    rec = replace(rec, video=Video((str(tmp_path / "frame0.png"), str(tmp_path / "frame1.png"))))
     answer = Boxes((Box(60, 60, 90, 90),))
     files = write_report(score_predictions([_predict(rec, answer, 0)]), tmp_path / "ev", overlays=1)
     (png,) = files["overlays"]
@@ -155,6 +159,8 @@ def test_a_several_image_overlay_draws_on_the_target_and_shows_the_others_as_thu
     assert (pixels[:height, :width] == (0, 190, 0)).all(-1).any()  # the ground truth is drawn on the target
     column = pixels[:, width:]
     assert (column == (0, 0, 255)).all(-1).sum() == (THUMB_SIDE * 60 // 200) * THUMB_SIDE  # wrist, scaled in
+    video = (column == (255, 0, 255)).all(-1).sum()
+    assert video == 2 * 40 * 30  # the video's first and last frames too (small ones are not enlarged)
 
 
 # ---------------------------------------------------------------------------------------------- CLI

@@ -136,3 +136,33 @@ def test_a_video_beyond_model_max_video_frames_is_refused_naming_the_record(tiny
         ValueError, match="record vid: a video of 3 frames, more than model.max_video_frames=2"
     ):
         adapter.build_inputs(_records(tmp_path)[1:2])
+
+
+def test_a_video_file_prompts_as_its_sampled_frames(arch, tiny_model_dir, tmp_path):
+    """``{"path": clip, "fps": 2}`` builds the prompt its frames at 0, 0.5, 1 and 1.5 s saved as images do."""
+    import av
+    import numpy as np
+
+    with av.open(str(tmp_path / "clip.mp4"), "w") as container:
+        stream = container.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(20):
+            pixels = np.full((48, 64, 3), (i * 12, 90, 30), np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    with av.open(str(tmp_path / "clip.mp4")) as container:
+        every = [f.to_image() for f in container.decode(container.streams.video[0])]
+    for i in (0, 5, 10, 15):
+        every[i].save(tmp_path / f"s{i}.png")
+    frames = tuple(str(tmp_path / f"s{i}.png") for i in (0, 5, 10, 15))
+    base = _records(tmp_path)[1]
+    from_file = replace(base, video=Video(fps=2.0, path=str(tmp_path / "clip.mp4")))
+    from_frames = replace(base, video=Video(frames, fps=2.0))
+    _, adapter = _load(tiny_model_dir, arch)
+    a, b = adapter.build_inputs([from_file, from_frames])
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.video.pixel_values, b.video.pixel_values)
+    adapter.max_video_frames = 3
+    with pytest.raises(ValueError, match="more than 3 frames at 2 per second.*model.max_video_frames"):
+        adapter.build_inputs([from_file])

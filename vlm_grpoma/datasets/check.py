@@ -109,6 +109,15 @@ def summary(check: DataCheck) -> list[str]:
     lines = [f"records: {len(check.records)} valid of {check.lines} read, {len(check.errors)} with errors"]
     for (task, split), n in sorted(check.counts().items()):
         lines.append(f"  {task}/{split}: {n}")
+    videos = [r.video for r in check.records if r.video is not None]
+    if videos:
+        counts = [len(v.frames) for v in videos if v.frames]
+        lists = f"{len(counts)} as frames ({min(counts)}-{max(counts)} frames)" if counts else ""
+        files = f"{len(videos) - len(counts)} as video files" if len(videos) > len(counts) else ""
+        lines.append(
+            f"videos: {len(videos)} record(s), {', '.join(p for p in (lists, files) if p)} (model.max_video_frames "
+            "must cover them)"
+        )
     if check.image_sizes:
         sizes = list(check.image_sizes.values())
         widths, heights = [w for w, _ in sizes], [h for _, h in sizes]

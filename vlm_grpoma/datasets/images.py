@@ -48,6 +48,10 @@ class ImageLoadError(DataError):
     """An image or mask that is missing, unreadable, or not the size its record says."""
 
 
+class TooManyFrames(ImageLoadError):
+    """A video that gives more frames than the reader takes."""
+
+
 def _describe(path: str | Path, record_id: str | None) -> str:
     return (f"record {record_id}: " if record_id else "") + f"{path}"
 
@@ -141,16 +145,59 @@ def load_prompt_images(record: Record) -> list[Image.Image]:
     ]
 
 
-def load_video_frames(record: Record) -> list[Image.Image]:
-    """The record's video frames in order (RGB, EXIF applied), all of the first frame's size."""
+#: Frames a video file may yield at its record's rate before it is refused (``model.max_video_frames`` bounds
+#: what a model takes; this bounds what any reader decodes, a long file at a high rate among them).
+MAX_DECODED_FRAMES = 1024
+
+
+def load_video_frames(record: Record, max_frames: int = MAX_DECODED_FRAMES) -> list[Image.Image]:
+    """The record's video frames in order (RGB), all of one size: its frame files (EXIF applied), or its video
+    file sampled at ``fps``; more than ``max_frames`` is an ImageLoadError naming the record."""
     if record.video is None:
         return []
+    if record.video.path:
+        return decode_video(record.video.path, record.video.fps, max_frames, record.id)
+    if len(record.video.frames) > max_frames:
+        raise TooManyFrames(
+            f"record {record.id}: a video of {len(record.video.frames)} frames, more than {max_frames}"
+        )
     frames = [load_image(path, record.id) for path in record.video.frames]
     for path, frame in zip(record.video.frames, frames):
         if frame.size != frames[0].size:
             raise ImageLoadError(
                 f"{_describe(path, record.id)}: {_frame_size_problem(frame.size, frames[0].size)}"
             )
+    return frames
+
+
+def decode_video(path: str, fps: float, max_frames: int, record_id: str | None = None) -> list[Image.Image]:
+    """The frames of a video file at ``fps`` frames a second (the first at time 0, then each first frame at or
+    after the next 1 / fps), with PyAV (qwen-vl-utils' own dependency); at least 2 and at most ``max_frames``."""
+    import av
+
+    _require_file(path, record_id, "video")
+    frames, next_time = [], 0.0
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise ImageLoadError(f"{_describe(path, record_id)}: video file has no video stream")
+            for frame in container.decode(container.streams.video[0]):
+                time = 0.0 if frame.time is None else float(frame.time)
+                if time + 1e-6 < next_time:
+                    continue
+                if len(frames) == max_frames:
+                    raise TooManyFrames(
+                        f"{_describe(path, record_id)}: more than {max_frames} frames at {fps:g} per second; "
+                        "lower video.fps or cut the clip"
+                    )
+                frames.append(frame.to_image().convert("RGB"))
+                next_time += 1.0 / fps
+    except av.FFmpegError as err:
+        raise ImageLoadError(f"{_describe(path, record_id)}: cannot decode video: {err}") from None
+    if len(frames) < 2:
+        raise ImageLoadError(
+            f"{_describe(path, record_id)}: {len(frames)} frame(s) at {fps:g} per second; a video needs 2"
+        )
     return frames
 
 
@@ -235,6 +282,21 @@ def _size_problem(found: list[Any], record: Record | None, what: str) -> str | N
     return None
 
 
+def _video_file_problem(path: str) -> str | None:
+    """Why ``path`` is not a readable video file (missing, not a regular file, no video stream), else None;
+    the stream is opened, not decoded."""
+    import av
+
+    problem = _file_problem(path)
+    if problem is not None:
+        return f"video {problem}"
+    try:
+        with av.open(str(path)) as container:
+            return None if container.streams.video else "video file has no video stream"
+    except av.FFmpegError as err:
+        return f"cannot open video: {err}"
+
+
 @contextmanager
 def _checks_cache(key: str | None):
     """The cached results for ``key`` (a records file), locked so that ranks starting together check once."""
@@ -311,6 +373,13 @@ def image_problems(
             files.append((record.ground_truth.path, record, "mask"))
         frames = () if record.video is None else record.video.frames
         files += [(path, None, "video frame") for path in frames]
+        if (
+            record.video is not None and record.video.path
+        ):  # a video file: found and opened here, decoded later
+            problem = _video_file_problem(record.video.path)
+            if problem is not None:
+                problems[index] = f"{record.video.path}: {problem}"
+                continue
         for path, sized_by, what in files:  # text-only: no file to open
             problem = _size_problem(found[path], sized_by, what)
             if problem is None and what == "video frame" and found[path] != found[frames[0]]:
@@ -323,12 +392,15 @@ def image_problems(
 
 __all__ = [
     "MAX_ASPECT_RATIO",
+    "MAX_DECODED_FRAMES",
     "MAX_IMAGE_PIXELS",
     "ImageLoadError",
+    "TooManyFrames",
     "image_problems",
     "image_size",
     "load_image",
     "load_mask",
     "load_prompt_images",
+    "decode_video",
     "load_video_frames",
 ]

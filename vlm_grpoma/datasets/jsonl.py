@@ -306,16 +306,27 @@ def _image_paths(obj: dict, base_dir: Path) -> tuple[str, ...]:
 
 
 def _video(value: Any, base_dir: Path) -> Video:
-    """``{"frames": [paths], "fps": 2}``: at least :data:`MIN_VIDEO_FRAMES` frames, a positive finite rate."""
+    """``{"frames": [paths], "fps": 2}`` (at least :data:`MIN_VIDEO_FRAMES` frames) or ``{"path": file,
+    "fps": 2}``, with a positive finite rate."""
     if not isinstance(value, dict):
         raise _FieldError(
-            "video", f'must be an object {{"frames": [...], "fps": ...}}, got {json.dumps(value)}'
+            "video",
+            f'must be an object {{"frames": [...] or "path": ..., "fps": ...}}, got {json.dumps(value)}',
         )
-    unknown = sorted(set(value) - {"frames", "fps"})
+    unknown = sorted(set(value) - {"frames", "path", "fps"})
     if unknown:
-        raise _FieldError(f"video.{unknown[0]}", 'unknown key (use "frames" and "fps")')
-    if "frames" not in value:
-        raise _FieldError("video.frames", "required field is missing")
+        raise _FieldError(f"video.{unknown[0]}", 'unknown key (use "frames" or "path", and "fps")')
+    if ("frames" in value) == ("path" in value):
+        raise _FieldError("video", 'give "frames" (image files) or "path" (a video file), one of the two')
+    fps = _number(value.get("fps", DEFAULT_VIDEO_FPS), "video.fps")
+    if fps <= 0:
+        raise _FieldError("video.fps", f"must be > 0, got {json.dumps(value['fps'])}")
+    if "path" in value:
+        if not isinstance(value["path"], str) or not value["path"].strip():
+            raise _FieldError(
+                "video.path", f"must be a non-empty path string, got {json.dumps(value['path'])}"
+            )
+        return Video(fps=float(fps), path=_resolve(value["path"], base_dir))
     frames = value["frames"]
     if not isinstance(frames, list):
         raise _FieldError("video.frames", f"must be a list of frame image paths, got {json.dumps(frames)}")
@@ -330,9 +341,6 @@ def _video(value: Any, base_dir: Path) -> Video:
             raise _FieldError(
                 f"video.frames[{i}]", f"must be a non-empty path string, got {json.dumps(frame)}"
             )
-    fps = _number(value.get("fps", DEFAULT_VIDEO_FPS), "video.fps")
-    if fps <= 0:
-        raise _FieldError("video.fps", f"must be > 0, got {json.dumps(value['fps'])}")
     return Video(tuple(_resolve(f, base_dir) for f in frames), float(fps))
 
 
@@ -527,8 +535,8 @@ def outside_root(report: LoadReport, root: str | Path) -> LoadReport:
     folder = Path(root).resolve()
     kept = LoadReport(report.path, errors=list(report.errors))
     for record, line_no in zip(report.records, report.lines):
-        frames = () if record.video is None else record.video.frames
-        paths = [*record.prompt_images, *frames, getattr(record.ground_truth, "path", None)]
+        video = () if record.video is None else (*record.video.frames, record.video.path or None)
+        paths = [*record.prompt_images, *video, getattr(record.ground_truth, "path", None)]
         outside = [p for p in paths if p is not None and not Path(p).resolve().is_relative_to(folder)]
         if outside:
             kept.errors.append(
@@ -599,7 +607,9 @@ def write_records(path: str | Path, records: Iterable[Record]) -> Path:
             obj["image"] = _relative_if_inside(record.image, out_dir)
         if isinstance(record.ground_truth, MaskRef):
             obj["ground_truth"] = {"mask": _relative_if_inside(record.ground_truth.path, out_dir)}
-        if record.video is not None:
+        if record.video is not None and record.video.path:
+            obj["video"]["path"] = _relative_if_inside(record.video.path, out_dir)
+        elif record.video is not None:
             obj["video"]["frames"] = [_relative_if_inside(f, out_dir) for f in record.video.frames]
         where = f"{path}: record {index} (id {record.id})"
         try:

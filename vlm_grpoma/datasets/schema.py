@@ -19,8 +19,9 @@ the one whose pixels the ground truth and the answers use (default 0); ``width``
 In memory ``image`` is always the target image, so everything that maps coordinates reads it alone, and
 ``images`` holds every image when there are several (``()`` for one image or none).
 
-A short video (the frames before the action) is ``"video": {"frames": ["f0.png", "f1.png", ...], "fps": 2}``:
-at least 2 frames of one size, shown before the images. It is context only: a task with coordinates still
+A short video (the frames before the action) is ``"video": {"frames": ["f0.png", "f1.png", ...], "fps": 2}``
+(at least 2 frames of one size) or ``"video": {"path": "clip.mp4", "fps": 2}`` (a video file, sampled at
+``fps`` frames a second), shown before the images. It is context only: a task with coordinates still
 needs an image for them, an ``answer`` record may have the video alone.
 """
 
@@ -73,10 +74,16 @@ DEFAULT_VIDEO_FPS = 2.0
 
 @dataclass(frozen=True)
 class Video:
-    """A video as its sampled frames (image files of one size, in time order) and the rate they were taken at."""
+    """A video as its sampled frames (image files of one size, in time order) or a video file (``path``), and
+    the rate the frames were, or are to be, sampled at."""
 
-    frames: tuple[str, ...]
+    frames: tuple[str, ...] = ()
     fps: float = DEFAULT_VIDEO_FPS
+    path: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.frames) == bool(self.path):
+            raise ValueError("a video is its frames or a video file (path), one of the two")
 
 
 @dataclass(frozen=True)
@@ -177,7 +184,8 @@ def record_to_json(record: Record) -> dict[str, Any]:
 
 
 def video_to_json(video: Video) -> dict[str, Any]:
-    return {"frames": list(video.frames), "fps": video.fps}
+    source = {"path": video.path} if video.path else {"frames": list(video.frames)}
+    return {**source, "fps": video.fps}
 
 
 __all__ = [

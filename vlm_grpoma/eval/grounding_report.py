@@ -82,7 +82,7 @@ def _safe_name(text: str) -> str:
 
 def render_overlay(p: ScoredPrediction):
     """The overlay image of one scored prediction (see :mod:`vlm_grpoma.eval.overlays`)."""
-    from vlm_grpoma.datasets.images import load_mask
+    from vlm_grpoma.datasets.images import load_mask, load_video_frames
 
     record = p.prediction.record
     mask = load_mask(record) if isinstance(record.ground_truth, MaskRef) else None
@@ -94,6 +94,9 @@ def render_overlay(p: ScoredPrediction):
         for i, path in enumerate(record.images)
         if i != record.target_image
     ]
+    if record.video is not None:  # the video's first and last frames, before the pictures as in the prompt
+        frames = load_video_frames(record)
+        others[:0] = [("Video: first frame", frames[0]), (f"Video: frame {len(frames)}", frames[-1])]
     return draw_overlay(
         load_image(record), record.ground_truth, answer, caption, mask, p.failure is not None, others
     )

@@ -22,7 +22,7 @@ from vlm_grpoma.answers import (
     map_xy,
     parse_answer,
 )
-from vlm_grpoma.datasets.images import load_prompt_images, load_video_frames
+from vlm_grpoma.datasets.images import TooManyFrames, load_prompt_images, load_video_frames
 from vlm_grpoma.datasets.schema import ANSWER_KIND_OF_TASK, Record
 from vlm_grpoma.models.base import PromptInputs, SpecialTokens, VideoInputs
 from vlm_grpoma.models.families import QwenFamily
@@ -234,13 +234,7 @@ class QwenVLAdapter:
                 raise ValueError(
                     f"record {record.id}: {len(shown)} images, more than model.max_images={self.max_images}"
                 )
-            frames = record.video.frames if record.video is not None else ()
-            if len(frames) > self.max_video_frames:
-                raise ValueError(
-                    f"record {record.id}: a video of {len(frames)} frames, more than "
-                    f"model.max_video_frames={self.max_video_frames}; set it to at least {len(frames)}"
-                )
-            messages = self.messages(record, shown)
+            messages = self.messages(record, shown, self._video_frames(record))
             text = self.render(messages)
             if record.text_only:
                 ids = self.processor(text=[text], return_tensors="pt")["input_ids"][0]
@@ -278,6 +272,22 @@ class QwenVLAdapter:
                 )
             )
         return out
+
+    def _video_frames(self, record: Record) -> list[Image.Image] | None:
+        """The record's video frames, at most ``model.max_video_frames`` of them (ValueError beyond)."""
+        if record.video is None:
+            return None
+        limit, count = self.max_video_frames, len(record.video.frames)
+        if count > limit or not limit:
+            given = f"a video of {count} frames" if count else f"a video ({record.video.path})"
+            raise ValueError(
+                f"record {record.id}: {given}, more than model.max_video_frames={limit}; set it to at least "
+                f"{count or 'the frames it gives at its fps'}"
+            )
+        try:
+            return load_video_frames(record, limit)
+        except TooManyFrames as err:
+            raise ValueError(f"{err} (model.max_video_frames)") from None
 
     def _placeholder_ids(self, text: str) -> torch.Tensor:
         """The rendered prompt's tokens with one placeholder per image and video, before the processor expands

@@ -65,7 +65,7 @@ def prompt_problems(records: Sequence[Record], adapter: QwenVLAdapter, max_token
                 "(each image adds its tokens to the prompt)"
             )
             continue
-        frames = 0 if record.video is None else len(record.video.frames)
+        frames = 0 if record.video is None else len(record.video.frames)  # a video file: counted when built
         if frames > adapter.max_video_frames:
             problems[index] = (
                 f"a video of {frames} frames, more than model.max_video_frames={adapter.max_video_frames}; "
