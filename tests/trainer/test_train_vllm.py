@@ -117,6 +117,32 @@ def test_train_with_vllm_in_one_process_with_lora(tiny_model_dir, tmp_path):
     check_run(run, tmp_path / "run")
 
 
+def test_train_with_vllm_on_records_with_two_images_and_a_video(tiny_model_dir, tmp_path):
+    """Every record shows a video (3 frames), a second view and its own image: vLLM samples them as the trainer
+    scores them (log-prob gap below the bound every step), on Qwen2.5-VL, whose video time axis is the one
+    transformers and vLLM disagree on (models/positions.py)."""
+    from dataclasses import replace
+
+    from PIL import Image
+
+    from vlm_grpoma.datasets.jsonl import read_records, write_records
+    from vlm_grpoma.datasets.schema import Video, with_images
+
+    config = run_config(tmp_path, tiny_model_dir("qwen2_5_vl", "small"), 2, "deepspeed: {zero_stage: 0}")
+    records = read_records(tmp_path / "data" / "records.jsonl")
+    frames = []
+    for i in range(3):
+        frames.append(str(tmp_path / "data" / f"frame{i}.png"))
+        Image.new("RGB", (64, 48), (40 * i, 90, 160)).save(frames[-1])
+    Image.new("RGB", (72, 56), (200, 40, 40)).save(tmp_path / "data" / "view.png")
+    shown = [
+        replace(with_images(r, (str(tmp_path / "data" / "view.png"), r.image), 1), video=Video(tuple(frames)))
+        for r in records
+    ]
+    write_records(tmp_path / "data" / "records.jsonl", shown)
+    check_run(train(config, "model.max_images=2", "model.max_video_frames=4"), tmp_path / "run")
+
+
 @pytest.mark.launcher
 def test_train_with_vllm_on_two_cpu_ranks_under_the_launcher_with_zero3(tiny_model_dir, tmp_path):
     config = run_config(tmp_path, tiny_model_dir("qwen3_vl", "small"), 4, "deepspeed: {zero_stage: 3}")
