@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from pass_agreement import assert_recorded_equals_naive, assert_shared_equals_naive
 from PIL import Image
 
 from vlm_grpoma.answers import Box, Boxes
@@ -21,7 +22,6 @@ from vlm_grpoma.rollout.hf import HFRolloutEngine
 from vlm_grpoma.rollout.vllm.requests import RequestBuilder
 from vlm_grpoma.sampling import SamplingParams
 from vlm_grpoma.trainer.logprobs import path_log_probs
-from vlm_grpoma.trainer.packed import shared_prefix_log_probs
 
 FRONT, WRIST = (90, 70), (64, 120)  # the target view, and a second view of another size and aspect
 
@@ -97,35 +97,18 @@ def test_rollout_logprobs_equal_the_naive_and_shared_passes(arch, tiny_model_dir
         num_thoughts=2, answers_per_thought=2, max_thought_tokens=6, max_answer_tokens=4, seed=2
     )
     tree = HFRolloutEngine.for_adapter(model, adapter).sample(prompts, params)
+    naive = assert_recorded_equals_naive(model, tree, adapter.tokens)
     with torch.no_grad():
-        naive = path_log_probs(model, tree, [0, 1, 2], adapter.tokens)
         alone = path_log_probs(model, tree, [0], adapter.tokens)
-    torch.testing.assert_close(naive.thought, tree.thought_logprobs * tree.thought_mask, atol=1e-4, rtol=0)
-    torch.testing.assert_close(naive.answer, tree.answer_logprobs * tree.answer_mask, atol=1e-4, rtol=0)
     torch.testing.assert_close(alone.answer[0], naive.answer[0], atol=1e-5, rtol=0)
 
-    naive = path_log_probs(model, tree, [2, 0, 1], adapter.tokens)
-    shared = shared_prefix_log_probs(model, tree, [2, 0, 1], adapter.tokens)
-    torch.testing.assert_close(shared.thought, naive.thought, atol=1e-5, rtol=0)
-    torch.testing.assert_close(shared.answer, naive.answer, atol=1e-5, rtol=0)
-    g = torch.Generator().manual_seed(1)
-    weights = (torch.randn(naive.thought.shape, generator=g), torch.randn(naive.answer.shape, generator=g))
-    expected, got = _grads(model, naive, weights), _grads(model, shared, weights)
-    assert expected and all(e.abs().sum() > 0 for e in expected)
-    for e, s in zip(expected, got, strict=True):
-        torch.testing.assert_close(s, e, atol=1e-5, rtol=1e-4)
+    assert_shared_equals_naive(model, tree, [2, 0, 1], adapter.tokens)
 
     other_wrist = adapter.build_inputs(_records(tmp_path, wrist_colour=(250, 250, 20)))
     with torch.no_grad():
         seen = path_log_probs(model, replace(tree, prompts=other_wrist), [0], adapter.tokens)
         mine = path_log_probs(model, tree, [0], adapter.tokens)
     assert (seen.thought - mine.thought).abs().max() > 1e-4  # the second image reaches the model
-
-
-def _grads(model, logp, weights) -> list[torch.Tensor]:
-    model.zero_grad()
-    ((logp.thought * weights[0]).sum() + (logp.answer * weights[1]).sum()).backward()
-    return [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
 
 def test_vllm_requests_carry_every_image_in_prompt_order(tiny_model_dir, tmp_path):

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from pass_agreement import assert_shared_equals_naive
 from PIL import Image
 
 from vlm_grpoma.answers import Box, Boxes
@@ -14,7 +15,6 @@ from vlm_grpoma.rollout.hf import HFRolloutEngine
 from vlm_grpoma.rollout.tree import RolloutTree
 from vlm_grpoma.sampling import SamplingParams
 from vlm_grpoma.trainer.grpo_ma import GRPOMATrainer, refuse_flex_training_on_cpu
-from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
 from vlm_grpoma.trainer.packed import allowed, block_mask, pack, shared_prefix_log_probs
 
 SIZES = [(90, 70), (50, 120), (112, 112)]
@@ -93,25 +93,6 @@ def _load(tiny_model_dir, arch, lora: bool, attn: str = "sdpa"):
     return model, loaded.adapter
 
 
-def _grads(model, logp: PathLogProbs, weights) -> list[torch.Tensor]:
-    model.zero_grad()
-    ((logp.thought * weights[0]).sum() + (logp.answer * weights[1]).sum()).backward()
-    return [p.grad.clone() for p in model.parameters() if p.requires_grad]
-
-
-def _assert_same(model, tree, indices, tokens):
-    naive = path_log_probs(model, tree, indices, tokens)
-    shared = shared_prefix_log_probs(model, tree, indices, tokens)
-    torch.testing.assert_close(shared.thought, naive.thought, atol=1e-5, rtol=0)
-    torch.testing.assert_close(shared.answer, naive.answer, atol=1e-5, rtol=0)
-    g = torch.Generator().manual_seed(1)
-    weights = (torch.randn(naive.thought.shape, generator=g), torch.randn(naive.answer.shape, generator=g))
-    expected, got = _grads(model, naive, weights), _grads(model, shared, weights)
-    assert len(got) == len(expected) and all(e.abs().sum() > 0 for e in expected)
-    for e, s in zip(expected, got):
-        torch.testing.assert_close(s, e, atol=1e-5, rtol=1e-4)
-
-
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_ragged_tree_matches_naive(arch, lora, tiny_model_dir, tmp_path):
     model, adapter = _load(tiny_model_dir, arch, lora)
@@ -121,7 +102,7 @@ def test_ragged_tree_matches_naive(arch, lora, tiny_model_dir, tmp_path):
         len(set(tree.thought_lengths.flatten().tolist())) > 2
         and len(set(tree.answer_lengths.flatten().tolist())) > 2
     )
-    _assert_same(model, tree, [0, 1, 2], adapter.tokens)
+    assert_shared_equals_naive(model, tree, [0, 1, 2], adapter.tokens)
 
 
 def test_sampled_tree_with_truncated_thoughts_matches_naive(arch, tiny_model_dir, tmp_path):
@@ -131,7 +112,7 @@ def test_sampled_tree_with_truncated_thoughts_matches_naive(arch, tiny_model_dir
     )
     tree = HFRolloutEngine.for_adapter(model, adapter).sample(_prompts(adapter, tmp_path), params)
     assert tree.thought_truncated.any()
-    _assert_same(model, tree, [2, 0], adapter.tokens)  # any subset, any order
+    assert_shared_equals_naive(model, tree, [2, 0], adapter.tokens)  # any subset, any order
     with torch.no_grad():  # and the recorded sampling log-probs, as the naive pass reproduces them
         shared = shared_prefix_log_probs(model, tree, [0, 1, 2], adapter.tokens)
     torch.testing.assert_close(shared.answer, tree.answer_logprobs * tree.answer_mask, atol=1e-4, rtol=0)
@@ -165,7 +146,7 @@ def test_answer_prompts_text_only_and_mixed_match_naive(arch, pictured, tiny_mod
     assert (pack(model, tree, [0], adapter.tokens).vision == {}) and (
         ("pixel_values" in pack(model, tree, range(len(prompts)), adapter.tokens).vision) is pictured
     )
-    _assert_same(model, tree, list(range(len(prompts))), adapter.tokens)
+    assert_shared_equals_naive(model, tree, list(range(len(prompts))), adapter.tokens)
     if pictured:  # the pictured prompt's rows next to text-only ones score as in a batch of their own
         alone = shared_prefix_log_probs(model, tree, [1], adapter.tokens)
         together = shared_prefix_log_probs(model, tree, [0, 1, 2], adapter.tokens)
@@ -175,7 +156,7 @@ def test_answer_prompts_text_only_and_mixed_match_naive(arch, pictured, tiny_mod
 def test_eager_attention_matches_naive(tiny_model_dir, tmp_path):
     model, adapter = _load(tiny_model_dir, "qwen2_5_vl", lora=False, attn="eager")
     prompts = _prompts(adapter, tmp_path)
-    _assert_same(model, _ragged_tree(prompts, adapter.tokens, seed=2), [1, 2], adapter.tokens)
+    assert_shared_equals_naive(model, _ragged_tree(prompts, adapter.tokens, seed=2), [1, 2], adapter.tokens)
 
 
 def test_each_prompt_and_thought_is_packed_once(tiny_model_dir, tmp_path):
@@ -211,7 +192,7 @@ def test_gradient_checkpointing_matches_naive(tiny_model_dir, tmp_path):
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     prompts = _prompts(adapter, tmp_path)
-    _assert_same(model, _ragged_tree(prompts, adapter.tokens, seed=3), [0, 2], adapter.tokens)
+    assert_shared_equals_naive(model, _ragged_tree(prompts, adapter.tokens, seed=3), [0, 2], adapter.tokens)
 
 
 def test_qwen2_5_vl_real_window_size_with_images_spanning_several_windows(tiny_model_dir, tmp_path):
@@ -241,7 +222,9 @@ def test_qwen2_5_vl_real_window_size_with_images_spanning_several_windows(tiny_m
             prompt.image_grid_thw, visual.spatial_merge_size, visual.window_size, visual.patch_size
         )
         assert len(torch.unique_consecutive(torch.as_tensor(cu_window_seqlens))) - 1 == windows
-    _assert_same(model, _ragged_tree(prompts, adapter.tokens, k=2, m=2, seed=4), [0, 1], adapter.tokens)
+    assert_shared_equals_naive(
+        model, _ragged_tree(prompts, adapter.tokens, k=2, m=2, seed=4), [0, 1], adapter.tokens
+    )
     params = SamplingParams(
         num_thoughts=2, answers_per_thought=2, max_thought_tokens=5, max_answer_tokens=4, seed=3
     )

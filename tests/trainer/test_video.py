@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from pass_agreement import assert_recorded_equals_naive, assert_shared_equals_naive
 from PIL import Image
 
 from vlm_grpoma.answers import Points
@@ -17,7 +18,6 @@ from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.rollout.hf import HFRolloutEngine
 from vlm_grpoma.sampling import SamplingParams
 from vlm_grpoma.trainer.logprobs import path_log_probs
-from vlm_grpoma.trainer.packed import shared_prefix_log_probs
 
 FRAME = (80, 56)
 
@@ -96,35 +96,15 @@ def test_rollout_logprobs_equal_the_naive_and_shared_passes(arch, tiny_model_dir
         num_thoughts=2, answers_per_thought=2, max_thought_tokens=6, max_answer_tokens=4, seed=4
     )
     tree = HFRolloutEngine.for_adapter(model, adapter).sample(prompts, params)
-    everything = list(range(len(prompts)))
-    with torch.no_grad():
-        naive = path_log_probs(model, tree, everything, adapter.tokens)
-    torch.testing.assert_close(naive.thought, tree.thought_logprobs * tree.thought_mask, atol=1e-4, rtol=0)
-    torch.testing.assert_close(naive.answer, tree.answer_logprobs * tree.answer_mask, atol=1e-4, rtol=0)
+    assert_recorded_equals_naive(model, tree, adapter.tokens)
 
-    order = [3, 1, 0, 2]
-    naive = path_log_probs(model, tree, order, adapter.tokens)
-    shared = shared_prefix_log_probs(model, tree, order, adapter.tokens)
-    torch.testing.assert_close(shared.thought, naive.thought, atol=1e-5, rtol=0)
-    torch.testing.assert_close(shared.answer, naive.answer, atol=1e-5, rtol=0)
-    g = torch.Generator().manual_seed(3)
-    weights = (torch.randn(naive.thought.shape, generator=g), torch.randn(naive.answer.shape, generator=g))
-    expected, got = _grads(model, naive, weights), _grads(model, shared, weights)
-    assert expected and all(e.abs().sum() > 0 for e in expected)
-    for e, s in zip(expected, got, strict=True):
-        torch.testing.assert_close(s, e, atol=1e-5, rtol=1e-4)
+    assert_shared_equals_naive(model, tree, [3, 1, 0, 2], adapter.tokens, seed=3)
 
     other = adapter.build_inputs(_records(tmp_path, shade=250))
     with torch.no_grad():
         seen = path_log_probs(model, replace(tree, prompts=other), [1], adapter.tokens)
         mine = path_log_probs(model, tree, [1], adapter.tokens)
     assert (seen.thought - mine.thought).abs().max() > 1e-4  # the frames reach the model
-
-
-def _grads(model, logp, weights) -> list[torch.Tensor]:
-    model.zero_grad()
-    ((logp.thought * weights[0]).sum() + (logp.answer * weights[1]).sum()).backward()
-    return [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
 
 def test_a_video_beyond_model_max_video_frames_is_refused_naming_the_record(tiny_model_dir, tmp_path):
