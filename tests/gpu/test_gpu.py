@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from tests.trainer.test_packed import _assert_same, _grads, _prompts, _ragged_tree
+from tests.trainer.pass_agreement import assert_shared_equals_naive, weighted_grads
+from tests.trainer.test_packed import _prompts, _ragged_tree
 from vlm_grpoma.config import ModelConfig
 from vlm_grpoma.models.loading import load_model
 from vlm_grpoma.rollout.hf import HFRolloutEngine
@@ -41,7 +42,7 @@ def test_flex_equals_sdpa_with_gradients_on_cuda(arch, dtype, atol, tiny_model_d
     torch.testing.assert_close(blocks.answer, dense.answer, atol=atol, rtol=0)
     g = torch.Generator().manual_seed(1)
     weights = [torch.randn(x.shape, generator=g).cuda() for x in (dense.thought, dense.answer)]
-    expected, got = _grads(sdpa, dense, weights), _grads(flex, blocks, weights)
+    expected, got = weighted_grads(sdpa, dense, weights), weighted_grads(flex, blocks, weights)
     for e, s in zip(expected, got):
         if dtype == "float32":
             torch.testing.assert_close(s, e, atol=1e-5, rtol=1e-4)
@@ -52,7 +53,7 @@ def test_flex_equals_sdpa_with_gradients_on_cuda(arch, dtype, atol, tiny_model_d
 
 def test_packed_equals_naive_on_cuda(arch, tiny_model_dir, tmp_path):
     model, adapter = _cuda(tiny_model_dir, arch)
-    _assert_same(
+    assert_shared_equals_naive(
         model, _ragged_tree(_prompts(adapter, tmp_path), adapter.tokens, seed=2), [0, 1, 2], adapter.tokens
     )
 

@@ -15,7 +15,8 @@ from vlm_grpoma.trainer.logprobs import PathLogProbs, path_log_probs
 from vlm_grpoma.trainer.packed import shared_prefix_log_probs
 
 
-def _grads(model: torch.nn.Module, logp: PathLogProbs, weights) -> list[torch.Tensor]:
+def weighted_grads(model: torch.nn.Module, logp: PathLogProbs, weights) -> list[torch.Tensor]:
+    """The gradient of every trainable parameter of ``weights``-weighted log-probs."""
     model.zero_grad()
     ((logp.thought * weights[0]).sum() + (logp.answer * weights[1]).sum()).backward()
     return [p.grad.clone() for p in model.parameters() if p.requires_grad]
@@ -31,8 +32,8 @@ def assert_shared_equals_naive(
     torch.testing.assert_close(shared.thought, naive.thought, atol=1e-5, rtol=0)
     torch.testing.assert_close(shared.answer, naive.answer, atol=1e-5, rtol=0)
     g = torch.Generator().manual_seed(seed)
-    weights = (torch.randn(naive.thought.shape, generator=g), torch.randn(naive.answer.shape, generator=g))
-    expected, got = _grads(model, naive, weights), _grads(model, shared, weights)
+    weights = [torch.randn(x.shape, generator=g).to(x.device) for x in (naive.thought, naive.answer)]
+    expected, got = weighted_grads(model, naive, weights), weighted_grads(model, shared, weights)
     assert len(got) == len(expected) and expected and all(e.abs().sum() > 0 for e in expected)
     for e, s in zip(expected, got, strict=True):
         torch.testing.assert_close(s, e, atol=1e-5, rtol=1e-4)

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from pass_agreement import assert_shared_equals_naive
 from PIL import Image
 
+from tests.trainer.pass_agreement import assert_shared_equals_naive
 from vlm_grpoma.answers import Box, Boxes
 from vlm_grpoma.config import ModelConfig
 from vlm_grpoma.datasets.schema import Record, ShortAnswer

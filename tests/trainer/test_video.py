@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 import torch
-from pass_agreement import assert_recorded_equals_naive, assert_shared_equals_naive
 from PIL import Image
 
+from tests.trainer.pass_agreement import assert_recorded_equals_naive, assert_shared_equals_naive
 from vlm_grpoma.answers import Points
 from vlm_grpoma.config import ModelConfig
 from vlm_grpoma.datasets.schema import Record, ShortAnswer, Video
