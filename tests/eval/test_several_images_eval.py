@@ -61,12 +61,10 @@ def test_a_record_beyond_model_max_images_is_one_line_naming_it(tiny_model_dir, 
     write_records(tmp_path / "eval.jsonl", _several(tmp_path))
     args = [*_config(tmp_path, 1), "--checkpoint", str(tiny_model_dir("qwen2_vl"))]
     assert cli_main(args) == 1
-    last = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' own loading bar
-    assert (
-        last.startswith("vlm-grpoma eval: error: data.eval_path")
-        and "(id " in last
-        and "2 images, more than model.max_images=1" in last
-    )
+    err = capsys.readouterr().err.strip()
+    assert "Loading weights" not in err  # refused before the model's weights load
+    assert len(err.splitlines()) == 1 and err.startswith("vlm-grpoma eval: error: data.eval_path ")
+    assert "(id " in err and "2 images, more than model.max_images=1" in err
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

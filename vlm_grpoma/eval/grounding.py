@@ -218,7 +218,9 @@ def main(args: argparse.Namespace) -> int:
     from vlm_grpoma.datasets.jsonl import RecordError, read_records
     from vlm_grpoma.errors import CommandError, ConfigError, DataError
     from vlm_grpoma.eval.loading import eval_config, load_for_eval, model_folder
+    from vlm_grpoma.models.prompts import prompt_text
     from vlm_grpoma.models.record_checks import screen_records
+    from vlm_grpoma.models.registry import load_adapter
 
     samples = int(getattr(args, "samples", 1))
     if samples < 1:
@@ -251,15 +253,18 @@ def main(args: argparse.Namespace) -> int:
     check_output_folder(layout.root, "--out" if getattr(args, "out", None) else "logging.output_dir")
     shard = _join_ranks(config)
     main_rank = shard[0] == 0
-    loaded = load_for_eval(model_dir, config)
-    print(f"model: {loaded.describe()}")
+    # the records this model cannot take, found with its processor alone: before the weights load
+    adapter = load_adapter(replace(config.model, name_or_path=str(model_dir)))
+    adapter.prompt_text = prompt_text(config.data)
     scorable = screen_records(
         scorable,
-        loaded.adapter,
+        adapter,
         config.data.max_prompt_tokens,
         source=f"data.eval_path {config.data.eval_path}",
         skip_bad=config.data.skip_bad_records,
     )
+    loaded = load_for_eval(model_dir, config)
+    print(f"model: {loaded.describe()}")
     screened = {id(r) for r in scorable}
     reports = {}
     for split in splits:
