@@ -10,9 +10,8 @@ from vlm_grpoma.answers import Boxes, ContactAction, Trajectory
 from vlm_grpoma.datasets.jsonl import read_records
 from vlm_grpoma.datasets.schema import MaskRef
 from vlm_grpoma.datasets.synthetic import sapien as sapien_data
-from vlm_grpoma.envs.sapien.camera import render
 from vlm_grpoma.envs.sapien.partnet import display_name
-from vlm_grpoma.envs.sapien.task import EpisodeSpec, execute, render_episode
+from vlm_grpoma.envs.sapien.task import EpisodeSpec, execute, render_episode, render_view
 from vlm_grpoma.envs.sapien.views import parse_views, view_camera
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
 from vlm_grpoma.errors import CommandError
@@ -118,8 +117,9 @@ def test_two_views_show_the_front_as_target_and_a_wrist_camera(tmp_path):
         front, wrist = (np.asarray(Image.open(p).convert("RGB")) for p in pair.images)
         assert np.array_equal(front, np.asarray(Image.open(alone.image).convert("RGB")))
         assert wrist.shape == (224, 224, 3)
-        built, _ = render_episode(EpisodeSpec.from_meta(pair.meta))
-        seen = render(built, view_camera("wrist", EpisodeSpec.from_meta(pair.meta).camera))
+        spec = EpisodeSpec.from_meta(pair.meta)
+        built, _ = render_episode(spec)
+        seen = render_view(built, spec, view_camera("wrist", spec.camera))
         assert np.array_equal(seen.rgb, wrist)  # the wrist view is fixed by the record's meta
         assert (seen.link_ids >= 0).mean() > 0.2  # and the object fills much of it
 

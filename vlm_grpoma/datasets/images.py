@@ -373,9 +373,8 @@ def image_problems(
             files.append((record.ground_truth.path, record, "mask"))
         frames = () if record.video is None else record.video.frames
         files += [(path, None, "video frame") for path in frames]
-        if (
-            record.video is not None and record.video.path
-        ):  # a video file: found and opened here, decoded later
+        # a video file: found and opened here, decoded when its prompt is built
+        if record.video is not None and record.video.path:
             problem = _video_file_problem(record.video.path)
             if problem is not None:
                 problems[index] = f"{record.video.path}: {problem}"

@@ -128,7 +128,8 @@ class QwenVLAdapter:
     ) -> None:
         """``thinking``: ``auto`` follows the chat template (a generation prompt ending in ``<think>`` opens the
         thought); ``opened`` / ``closed`` make the prompt open the thought or leave it to the model whatever
-        the template does. ``max_images``: the most images one prompt may show (``model.max_images``)."""
+        the template does. ``max_images``: the most images one prompt may show (``model.max_images``);
+        ``max_video_frames``: the most frames its video may give (``model.max_video_frames``, 0: no videos)."""
         if min_pixels > max_pixels:
             raise ValueError(f"min_pixels ({min_pixels}) must not exceed max_pixels ({max_pixels})")
         if thinking not in THINKING_MODES:

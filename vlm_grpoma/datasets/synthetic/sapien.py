@@ -33,14 +33,13 @@ from PIL import Image
 
 from vlm_grpoma.answers import Box, Boxes, ContactAction, Trajectory
 from vlm_grpoma.datasets.schema import TASKS, MaskRef, Record, record_to_json, with_images
-from vlm_grpoma.envs.sapien.camera import CameraSpec, handle_shape_ids, raycast, render
+from vlm_grpoma.envs.sapien.camera import CameraSpec, handle_shape_ids, raycast
 from vlm_grpoma.envs.sapien.manipllm import sample_asset
 from vlm_grpoma.envs.sapien.objects import DISPLAY_NAMES, joint_transform
 from vlm_grpoma.envs.sapien.partnet import display_name, scan_assets
-from vlm_grpoma.envs.sapien.protocol import get_protocol
 from vlm_grpoma.envs.sapien.scene import BuiltScene
 from vlm_grpoma.envs.sapien.splits import load_split, no_objects_message, round_robin
-from vlm_grpoma.envs.sapien.task import EpisodeSpec, render_episode, sample_split_episode
+from vlm_grpoma.envs.sapien.task import EpisodeSpec, render_episode, render_view, sample_split_episode
 from vlm_grpoma.envs.sapien.views import view_camera
 from vlm_grpoma.envs.sapien.vulkan import rendering_status
 from vlm_grpoma.errors import CommandError
@@ -132,7 +131,7 @@ def render_record(
     for name in views:
         rgb = front.rgb
         if name != "front":
-            rgb = render(built, view_camera(name, spec.camera), get_protocol(spec.protocol).background).rgb
+            rgb = render_view(built, spec, view_camera(name, spec.camera)).rgb
         images.append(f"images/{record_id}.png" if name == "front" else f"images/{record_id}-{name}.png")
         Image.fromarray(rgb).save(out_dir / images[-1])
     record = _RECORD_MAKERS[task](record_id, images[0], split, spec, oracle, built, front, out_dir)

@@ -161,7 +161,12 @@ def prepare(spec: EpisodeSpec, *, render: bool = False) -> BuiltScene:
 def render_episode(spec: EpisodeSpec) -> tuple[BuiltScene, Views]:
     """The episode's scene built for rendering, and its image from the episode's camera."""
     built = prepare(spec, render=True)
-    return built, render(built, spec.camera, get_protocol(spec.protocol).background)
+    return built, render_view(built, spec, spec.camera)
+
+
+def render_view(built: BuiltScene, spec: EpisodeSpec, camera: CameraSpec) -> Views:
+    """The episode's scene seen from ``camera``, on its protocol's background."""
+    return render(built, camera, get_protocol(spec.protocol).background)
 
 
 def _unit(v) -> np.ndarray | None:
